@@ -1,0 +1,101 @@
+"""``onnxplug.ep``: everything a provider plugin may use.
+
+A plugin imports only from here: the factory/EP/device object model, the kernel API, the
+allocator, stream and data-transfer protocols, ONNX type helpers, shared shape logic, the
+host-provided control-flow kernels (If/Loop/Scan) and the errors.
+"""
+
+from .. import errors
+from ..errors import EPFail, Fail, InvalidArgument, InvalidGraph, NotImplemented
+from ..framework import shapes
+from ..framework.control_flow import IfKernel, LoopKernel, ScanKernel
+from ..framework.kernel import (
+    Kernel,
+    KernelContext,
+    KernelDef,
+    KernelInfo,
+    KernelRegistry,
+    dtypes,
+    types_match,
+)
+from ..framework.memory import (
+    CPU,
+    CPU_MEMORY,
+    Allocation,
+    Allocator,
+    Device,
+    DeviceTensor,
+    HostAllocator,
+    MemoryInfo,
+    MemType,
+    allocate,
+    allocate_tensor,
+    copy_host_bytes,
+    host_view,
+)
+from ..framework.stream import DataTransfer, SyncNotification, SyncStream, device_of
+from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype, tensor_type_str
+from .api import (
+    API_VERSION,
+    CAPABILITIES,
+    CPU_HARDWARE,
+    Ep,
+    EpDevice,
+    EpFactory,
+    GraphView,
+    HardwareDevice,
+    SessionConfig,
+    supports,
+)
+
+__all__ = [
+    "API_VERSION",
+    "CAPABILITIES",
+    "CPU",
+    "CPU_HARDWARE",
+    "CPU_MEMORY",
+    "Allocation",
+    "Allocator",
+    "DataTransfer",
+    "Device",
+    "DeviceTensor",
+    "EPFail",
+    "Ep",
+    "EpDevice",
+    "EpFactory",
+    "Fail",
+    "GraphView",
+    "HardwareDevice",
+    "HostAllocator",
+    "IfKernel",
+    "InvalidArgument",
+    "InvalidGraph",
+    "Kernel",
+    "KernelContext",
+    "KernelDef",
+    "KernelInfo",
+    "KernelRegistry",
+    "LoopKernel",
+    "MemType",
+    "MemoryInfo",
+    "NotImplemented",
+    "ScanKernel",
+    "SessionConfig",
+    "SyncNotification",
+    "SyncStream",
+    "ValueType",
+    "allocate",
+    "allocate_tensor",
+    "copy_host_bytes",
+    "device_of",
+    "dtypes",
+    "elem_type_name",
+    "elem_type_of",
+    "errors",
+    "host_view",
+    "np_dtype",
+    "shapes",
+    "supports",
+    "tensor_type_str",
+    "types_match",
+]

@@ -1,0 +1,260 @@
+"""The plugin execution-provider API: what a provider plugin implements.
+
+The object model follows onnxruntime's plugin EP API (``OrtEpFactory``, ``OrtEp``,
+``OrtEpDevice``): a process-wide *factory* discovers devices and creates allocators and data
+transfers; a per-session *EP* claims nodes, owns kernels and streams, and takes part in runs
+(including CUDA-graph style capture/replay through callbacks with safe defaults).
+
+Versioning: ``API_VERSION`` is the host's API. A factory declares the API it was written
+against (``api_version``) and the oldest host it can run on (``min_host_api_version``). The
+host refuses a plugin that needs a newer host, and uses an optional callback only when both
+sides have it (``supports``): older plugins degrade gracefully, they are never broken.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..framework.kernel import KernelDef, KernelRegistry, types_match
+from ..framework.memory import CPU_MEMORY, Allocator, Device, MemoryInfo
+from ..framework.stream import DataTransfer, SyncStream
+
+if TYPE_CHECKING:
+    from ..ir.graph import Node
+
+API_VERSION = 1
+
+# Optional capabilities and the API version that introduced each. The host calls a capability
+# of a plugin only when both API versions are at least this.
+CAPABILITIES: dict[str, int] = {
+    "data_transfer": 1,
+    "sync_streams": 1,
+    "graph_capture": 1,
+    "ep_sync": 1,
+    "kernel_context_sync_stream": 1,
+    "allocator_shrink": 1,
+}
+
+
+def supports(plugin_api_version: int, capability: str) -> bool:
+    needed = CAPABILITIES.get(capability)
+    if needed is None:
+        return False
+    return plugin_api_version >= needed and API_VERSION >= needed
+
+
+@dataclass(frozen=True)
+class HardwareDevice:
+    """A physical device the host or a plugin discovered (onnxruntime's OrtHardwareDevice)."""
+
+    type: str  # "CPU" | "GPU" | "NPU"
+    vendor: str = ""
+    vendor_id: int = 0
+    device_id: int = 0
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+CPU_HARDWARE = HardwareDevice("CPU", "generic", 0, 0)
+
+
+@dataclass(eq=False)
+class EpDevice:
+    """One (factory, device) pair a plugin offers (onnxruntime's OrtEpDevice)."""
+
+    ep_name: str
+    ep_vendor: str
+    device: HardwareDevice
+    ep_metadata: dict[str, str] = field(default_factory=dict)
+    ep_options: dict[str, str] = field(default_factory=dict)
+    memory_info: MemoryInfo = CPU_MEMORY
+    host_accessible_memory_info: MemoryInfo | None = None
+    factory: Any = None
+
+    def __repr__(self) -> str:
+        return f"EpDevice({self.ep_name}, {self.device.type}:{self.device.device_id})"
+
+
+class SessionConfig:
+    """The session's configuration entries as a provider sees them (read-only)."""
+
+    def __init__(self, entries: Mapping[str, str]):
+        self._entries = dict(entries)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._entries.get(key, default)
+
+    def items(self):
+        return self._entries.items()
+
+    def with_prefix(self, prefix: str) -> dict[str, str]:
+        return {k[len(prefix) :]: v for k, v in self._entries.items() if k.startswith(prefix)}
+
+
+class GraphView:
+    """What ``Ep.get_capability`` sees: the nodes still unassigned, with a kernel lookup."""
+
+    def __init__(self, graph: Any, nodes: list[Node], registry: KernelRegistry | None):
+        self.graph = graph
+        self.nodes = nodes
+        self._registry = registry
+
+    def input_dtypes(self, node: Node) -> list[Any]:
+        from ..ir.graph import tensor_dtype
+
+        return [tensor_dtype(self.graph, i) if i else None for i in node.inputs]
+
+    def output_dtypes(self, node: Node) -> list[Any]:
+        from ..ir.graph import tensor_dtype
+
+        return [tensor_dtype(self.graph, o) if o else None for o in node.outputs]
+
+    def lookup_kernel(self, node: Node) -> KernelDef | None:
+        """The kernel this provider would run for ``node`` (version and types checked)."""
+        if self._registry is None:
+            return None
+        hit = self._registry.lookup(
+            node.op_type,
+            node.domain,
+            node.since_version,
+            self.input_dtypes(node),
+            self.output_dtypes(node),
+        )
+        return hit[0] if hit else None
+
+    def producer(self, name: str) -> Node | None:
+        for n in self.graph.nodes:
+            if name in n.outputs:
+                return n
+        return None
+
+
+class Ep(ABC):
+    """A provider instance for one session (onnxruntime's OrtEp).
+
+    Subclasses set ``name``, ``device`` (where outputs of DEFAULT memory live) and implement
+    ``get_kernel_registry``; everything else has a safe default.
+    """
+
+    name: str = ""
+    device: Device = CPU_MEMORY.device
+
+    def __init__(self, factory: EpFactory, ep_device: EpDevice | None, config: SessionConfig):
+        self.factory = factory
+        self.ep_device = ep_device
+        self.config = config
+
+    # partitioning ---------------------------------------------------------------------------
+    @abstractmethod
+    def get_kernel_registry(self) -> KernelRegistry: ...
+
+    def get_capability(self, graph: GraphView) -> list[Node]:
+        """Nodes this provider claims; the default claims every node it has a kernel for."""
+        return [n for n in graph.nodes if graph.lookup_kernel(n) is not None]
+
+    def get_preferred_data_layout(self) -> str:
+        return "NCHW"
+
+    def should_convert_data_layout_for_op(self, domain: str, op_type: str, layout: str) -> int:
+        """-1: let the host decide, 0: do not convert, 1: convert."""
+        return -1
+
+    # memory, streams --------------------------------------------------------------------------
+    def get_allocator(self, mem_info: MemoryInfo) -> Allocator | None:
+        """A per-session allocator overriding the factory's shared one (None: use shared)."""
+        return None
+
+    def create_sync_stream(self) -> SyncStream | None:
+        """The stream kernels of this provider run on for one run (None: no stream)."""
+        return None
+
+    def is_concurrent_run_supported(self) -> bool:
+        return True
+
+    def sync(self) -> None:
+        """Wait for all device work of this provider (IOBinding input synchronisation)."""
+
+    # runs ----------------------------------------------------------------------------------
+    def on_run_start(self, run_options: Any) -> None:
+        """Called before each run's kernels."""
+
+    def on_run_end(self, run_options: Any, sync_stream: bool) -> None:
+        """Called after each run's kernels."""
+
+    # graph capture (safe defaults: capture disabled) -----------------------------------------
+    def is_graph_capture_enabled(self) -> bool:
+        return False
+
+    def is_graph_captured(self, graph_annotation_id: int) -> bool:
+        return False
+
+    def replay_graph(self, graph_annotation_id: int) -> None:
+        raise RuntimeError(f"{self.name} does not capture graphs")
+
+    def graph_capture_node_assignment_policy(self) -> str:
+        """'ALL_NODES_ON_EP' or 'ALLOW_CPU_FOR_SHAPES'."""
+        return "ALL_NODES_ON_EP"
+
+    # introspection -----------------------------------------------------------------------------
+    def get_provider_options(self) -> dict[str, str]:
+        return {}
+
+    def release(self) -> None:
+        """The session is closing."""
+
+
+class EpFactory(ABC):
+    """A provider plugin's process-wide entry point (onnxruntime's OrtEpFactory)."""
+
+    name: str = ""
+    vendor: str = ""
+    vendor_id: int = 0
+    version: str = "0.0.0"
+    api_version: int = API_VERSION  # the API the plugin was written against
+    min_host_api_version: int = 1  # the oldest host API the plugin can run on
+
+    @abstractmethod
+    def get_supported_devices(self, hardware: list[HardwareDevice]) -> list[EpDevice]:
+        """The devices this provider can use. Accelerator plugins may discover their own
+        devices in addition to ``hardware`` (the host only discovers the CPU)."""
+
+    @abstractmethod
+    def create_ep(self, devices: list[EpDevice], config: SessionConfig) -> Ep: ...
+
+    def release_ep(self, ep: Ep) -> None:
+        ep.release()
+
+    def create_allocator(
+        self, memory_info: MemoryInfo, options: Mapping[str, str] | None
+    ) -> Allocator | None:
+        """A shared allocator for ``memory_info`` (None: the host allocates host memory)."""
+        return None
+
+    def release_allocator(self, allocator: Allocator) -> None:
+        """Drop a reference to an allocator made by ``create_allocator``."""
+
+    def create_data_transfer(self) -> DataTransfer | None:
+        return None
+
+    def is_stream_aware(self) -> bool:
+        return False
+
+    def create_sync_stream(self, memory_info: MemoryInfo) -> SyncStream | None:
+        return None
+
+
+__all__ = [
+    "API_VERSION",
+    "CAPABILITIES",
+    "CPU_HARDWARE",
+    "Ep",
+    "EpDevice",
+    "EpFactory",
+    "GraphView",
+    "HardwareDevice",
+    "SessionConfig",
+    "supports",
+    "types_match",
+]

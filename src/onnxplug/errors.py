@@ -1,0 +1,91 @@
+"""Typed exceptions mirroring onnxruntime's (``onnxruntime.capi.onnxruntime_pybind11_state``).
+
+Every error names what it is about (the input, node, option or provider) so a user can act on it.
+The classes derive from the matching Python built-ins where onnxruntime users might catch those
+(``InvalidArgument`` is a ``ValueError``, ``NoSuchFile`` a ``FileNotFoundError``, ...).
+"""
+
+from __future__ import annotations
+
+
+class OnnxPlugError(RuntimeError):
+    """Base of every onnxplug error (onnxruntime's ``Fail`` family)."""
+
+    status = "FAIL"
+
+    def __init__(self, message: str):
+        super().__init__(f"[ONNXPlugError] : {self.code} : {self.status} : {message}")
+        self.message = message
+
+    code = 1
+
+
+class Fail(OnnxPlugError):
+    status = "FAIL"
+    code = 1
+
+
+class InvalidArgument(OnnxPlugError, ValueError):
+    status = "INVALID_ARGUMENT"
+    code = 2
+
+
+class NoSuchFile(OnnxPlugError, FileNotFoundError):
+    status = "NO_SUCHFILE"
+    code = 3
+
+
+class NoModel(OnnxPlugError):
+    status = "NO_MODEL"
+    code = 4
+
+
+class EngineError(OnnxPlugError):
+    status = "ENGINE_ERROR"
+    code = 5
+
+
+class RuntimeException(OnnxPlugError):
+    status = "RUNTIME_EXCEPTION"
+    code = 6
+
+
+class InvalidProtobuf(OnnxPlugError):
+    status = "INVALID_PROTOBUF"
+    code = 7
+
+
+class ModelLoaded(OnnxPlugError):
+    status = "MODEL_LOADED"
+    code = 8
+
+
+class NotImplemented(OnnxPlugError, NotImplementedError):
+    status = "NOT_IMPLEMENTED"
+    code = 9
+
+
+class InvalidGraph(OnnxPlugError):
+    status = "INVALID_GRAPH"
+    code = 10
+
+
+class EPFail(OnnxPlugError):
+    status = "EP_FAIL"
+    code = 11
+
+
+__all__ = [
+    "EPFail",
+    "EngineError",
+    "Fail",
+    "InvalidArgument",
+    "InvalidGraph",
+    "InvalidProtobuf",
+    "ModelLoaded",
+    "NoModel",
+    "NoSuchFile",
+    "NotImplemented",
+    "OnnxPlugError",
+    "RuntimeException",
+]

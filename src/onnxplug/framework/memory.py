@@ -1,0 +1,255 @@
+"""Devices, memory infos, the allocator protocol and device tensors.
+
+Host (CPU) tensors are plain numpy arrays everywhere in the runtime. Tensors that live in an
+execution provider's own memory are ``DeviceTensor``s: a dtype, a shape and a raw pointer into
+an allocation made by that provider's allocator. The allocator protocol mirrors onnxruntime's
+``OrtAllocator`` (alloc, free, reserve, alloc_on_stream, stats, shrink).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+
+class MemType(IntEnum):
+    """Where a kernel wants an input or produces an output (onnxruntime's OrtMemType)."""
+
+    DEFAULT = 0  # the provider's device memory
+    CPU_INPUT = 1  # an input the kernel reads on the host (e.g. Reshape's shape)
+    CPU_OUTPUT = 2  # an output the kernel writes on the host
+
+
+@dataclass(frozen=True)
+class Device:
+    """A memory device (onnxruntime's OrtDevice): 'cpu', 'cuda', ... with an ordinal."""
+
+    type: str
+    id: int = 0
+    vendor_id: int = 0
+    host_accessible: bool = False  # e.g. pinned host memory or a host-backed test device
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.type == "cpu"
+
+    def __str__(self) -> str:
+        return f"{self.type}:{self.id}"
+
+
+CPU = Device("cpu", 0, host_accessible=True)
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Names an allocator's memory (onnxruntime's OrtMemoryInfo)."""
+
+    name: str
+    device: Device
+    mem_type: MemType = MemType.DEFAULT
+    alloc_type: str = "device"  # "device" | "arena"
+
+
+CPU_MEMORY = MemoryInfo("Cpu", CPU)
+
+
+class Allocator(ABC):
+    """The allocator protocol every provider implements for its memory.
+
+    Pointers are plain ints. ``alloc_on_stream`` lets a stream-aware allocator (an arena) tag
+    the block with the stream that will use it; others just allocate.
+    """
+
+    memory_info: MemoryInfo
+
+    @abstractmethod
+    def alloc(self, size: int) -> int: ...
+
+    @abstractmethod
+    def free(self, ptr: int) -> None: ...
+
+    def reserve(self, size: int) -> int:
+        """Allocate outside any arena growth pattern (used for initializers)."""
+        return self.alloc(size)
+
+    def alloc_on_stream(self, size: int, stream: Any) -> int:
+        return self.alloc(size)
+
+    @property
+    def is_stream_aware(self) -> bool:
+        return False
+
+    def get_stats(self) -> dict[str, int]:
+        return {}
+
+    def shrink(self) -> None:
+        """Return unused memory to the system, if the allocator holds any."""
+
+
+class Allocation:
+    """Owns one block from an allocator and frees it when released or garbage collected."""
+
+    __slots__ = ("__weakref__", "allocator", "nbytes", "ptr", "tag")
+
+    def __init__(self, allocator: Allocator | None, ptr: int, nbytes: int):
+        self.allocator = allocator
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.tag: Any = None  # the executor's memory-plan recorder marks blocks it tracks
+
+    def release(self) -> None:
+        a = self.allocator
+        if a is not None and self.ptr:
+            self.allocator = None
+            a.free(self.ptr)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def allocate(
+    allocator: Allocator, nbytes: int, stream: Any = None, reserve: bool = False
+) -> Allocation:
+    if nbytes <= 0:
+        return Allocation(None, 0, 0)
+    if reserve:
+        ptr = allocator.reserve(nbytes)
+    elif stream is not None and allocator.is_stream_aware:
+        ptr = allocator.alloc_on_stream(nbytes, stream)
+    else:
+        ptr = allocator.alloc(nbytes)
+    if not ptr:
+        name = allocator.memory_info.name
+        raise MemoryError(f"allocator '{name}' could not allocate {nbytes} bytes")
+    return Allocation(allocator, ptr, nbytes)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class DeviceTensor:
+    """A dense, row-major tensor in a provider's memory.
+
+    ``owner`` keeps the memory alive: an ``Allocation`` or another object (the tensor a view
+    was taken from, a foreign buffer, a planned block).
+    """
+
+    __slots__ = ("device", "dtype", "owner", "ptr", "shape")
+
+    def __init__(self, device: Device, dtype: Any, shape: tuple[int, ...], ptr: int, owner: Any):
+        self.device = device
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(int(d) for d in shape)
+        self.ptr = ptr
+        self.owner = owner
+
+    @property
+    def size(self) -> int:
+        return _numel(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * self.dtype.itemsize
+
+    def view(self, shape: tuple[int, ...], dtype: Any = None) -> DeviceTensor:
+        """Same memory, another shape (and optionally another dtype of the same size)."""
+        dt = self.dtype if dtype is None else np.dtype(dtype)
+        if _numel(tuple(shape)) * dt.itemsize != self.nbytes:
+            raise ValueError(f"cannot view {self.shape} {self.dtype} as {tuple(shape)} {dt}")
+        return DeviceTensor(self.device, dt, tuple(shape), self.ptr, self)
+
+    def host_array(self) -> np.ndarray:
+        """A numpy view of the memory; only for host-accessible devices."""
+        if not self.device.host_accessible:
+            raise TypeError(f"memory on {self.device} is not host accessible")
+        return host_view(self.ptr, self.shape, self.dtype, self)
+
+    def __repr__(self) -> str:
+        return f"DeviceTensor({self.device}, {self.dtype}, {self.shape}, ptr=0x{self.ptr:x})"
+
+
+def allocate_tensor(
+    allocator: Allocator, shape: tuple[int, ...], dtype: Any, stream: Any = None
+) -> DeviceTensor:
+    dt = np.dtype(dtype)
+    alloc = allocate(allocator, _numel(tuple(shape)) * dt.itemsize, stream)
+    return DeviceTensor(allocator.memory_info.device, dt, tuple(shape), alloc.ptr, alloc)
+
+
+class _HostBuffer:
+    __slots__ = ("__array_interface__", "keep")
+
+    def __init__(self, ptr: int, nbytes: int, keep: Any):
+        self.__array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+        }
+        self.keep = keep
+
+
+def host_view(ptr: int, shape: tuple[int, ...], dtype: Any, keep: Any) -> np.ndarray:
+    """numpy array over host memory at ``ptr`` that keeps ``keep`` alive."""
+    dt = np.dtype(dtype)
+    nbytes = _numel(tuple(shape)) * dt.itemsize
+    if nbytes == 0:
+        return np.empty(shape, dt)
+    raw = np.asarray(_HostBuffer(ptr, nbytes, keep))
+    return raw.view(dt).reshape(shape)
+
+
+class HostAllocator(Allocator):
+    """Host memory from numpy buffers; pointers stay valid until ``free``."""
+
+    def __init__(self, memory_info: MemoryInfo = CPU_MEMORY, alignment: int = 64):
+        self.memory_info = memory_info
+        self._alignment = alignment
+        self._blocks: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self._stats = {"InUse": 0, "TotalAllocated": 0, "MaxInUse": 0, "NumAllocs": 0}
+
+    def alloc(self, size: int) -> int:
+        buf = np.empty(size + self._alignment, dtype=np.uint8)
+        base = buf.ctypes.data
+        ptr = (base + self._alignment - 1) // self._alignment * self._alignment
+        with self._lock:
+            self._blocks[ptr] = buf
+            s = self._stats
+            s["InUse"] += size
+            s["TotalAllocated"] += size
+            s["NumAllocs"] += 1
+            s["MaxInUse"] = max(s["MaxInUse"], s["InUse"])
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        with self._lock:
+            buf = self._blocks.pop(ptr, None)
+            if buf is not None:
+                self._stats["InUse"] -= buf.nbytes - self._alignment
+
+    def get_stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._stats)
+
+
+def copy_host_bytes(dst_ptr: int, src_ptr: int, nbytes: int) -> None:
+    if nbytes:
+        ctypes.memmove(dst_ptr, src_ptr, nbytes)

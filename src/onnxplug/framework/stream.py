@@ -1,0 +1,129 @@
+"""Streams, notifications and data transfer: the provider-side protocols the executor drives.
+
+A ``SyncStream`` is an ordered queue of device work (onnxruntime's OrtSyncStreamImpl). When a
+value produced on one stream is consumed on another, the executor activates a notification on
+the producer and makes the consumer wait on it. Every stream counts notifications (``sync_id``)
+so a stream-aware arena can tell when a block freed on one stream is safe on another.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from .memory import CPU, Device, DeviceTensor
+
+
+class SyncNotification(ABC):
+    """A marker recorded on a stream that others can wait for (a CUDA event, say)."""
+
+    @abstractmethod
+    def activate(self) -> None:
+        """Record the point on the producing stream."""
+
+    @abstractmethod
+    def wait_on_device(self, consumer: SyncStream) -> None:
+        """Make ``consumer`` wait for the point without blocking the host."""
+
+    @abstractmethod
+    def wait_on_host(self) -> None:
+        """Block the host until the point is reached."""
+
+
+class SyncStream(ABC):
+    """An ordered queue of work on one device."""
+
+    device: Device
+
+    def __init__(self, device: Device):
+        self.device = device
+        self._sync_id = 0
+        self._last_wait: dict[int, int] = {}  # id(producer stream) -> its sync_id waited on
+        self._lock = threading.Lock()
+
+    @property
+    def handle(self) -> int:
+        """The raw stream handle (a cudaStream_t as int for CUDA); 0 when there is none."""
+        return 0
+
+    @property
+    def sync_id(self) -> int:
+        return self._sync_id
+
+    def next_sync_id(self) -> int:
+        with self._lock:
+            self._sync_id += 1
+            return self._sync_id
+
+    def record_wait(self, producer: SyncStream, sync_id: int) -> None:
+        self._last_wait[id(producer)] = sync_id
+
+    def last_wait_on(self, producer: SyncStream) -> int:
+        """The producer's sync id this stream last waited for (0: never)."""
+        return self._last_wait.get(id(producer), 0)
+
+    @abstractmethod
+    def create_notification(self) -> SyncNotification: ...
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Block until all work queued on the stream has finished."""
+
+    def on_session_run_end(self) -> None:
+        """Called once per run for each stream the run used."""
+        self.flush()
+
+    def close(self) -> None:
+        """Release the stream's resources."""
+
+
+class DataTransfer(ABC):
+    """Copies tensors between a provider's memory and the host or another device."""
+
+    @abstractmethod
+    def can_copy(self, src: Device, dst: Device) -> bool: ...
+
+    @abstractmethod
+    def copy_tensors(self, pairs: list[tuple[Any, Any]], stream: SyncStream | None) -> None:
+        """Copy each (src, dst) pair; dst is already allocated with the same shape and dtype.
+
+        Host tensors are numpy arrays, device tensors are ``DeviceTensor``s. With a stream the
+        copies may be asynchronous on it; without one they complete before returning.
+        """
+
+
+def device_of(value: Any) -> Device:
+    if isinstance(value, DeviceTensor):
+        return value.device
+    return CPU
+
+
+class DataTransferManager:
+    """Finds the registered transfer that can copy between two devices."""
+
+    def __init__(self) -> None:
+        self._transfers: list[DataTransfer] = []
+
+    def register(self, transfer: DataTransfer) -> None:
+        if transfer not in self._transfers:
+            self._transfers.append(transfer)
+
+    def unregister(self, transfer: DataTransfer) -> None:
+        if transfer in self._transfers:
+            self._transfers.remove(transfer)
+
+    def find(self, src: Device, dst: Device) -> DataTransfer:
+        for t in self._transfers:
+            if t.can_copy(src, dst):
+                return t
+        raise RuntimeError(f"no registered data transfer can copy from {src} to {dst}")
+
+    def copy(self, src: Any, dst: Any, stream: SyncStream | None = None) -> None:
+        sd, dd = device_of(src), device_of(dst)
+        if sd.is_cpu and dd.is_cpu:
+            np.copyto(dst, src)
+            return
+        self.find(sd, dd).copy_tensors([(src, dst)], stream)

@@ -1,0 +1,1 @@
+"""Model loading, the graph IR and ONNX types."""

@@ -1,0 +1,368 @@
+"""The in-memory graph the runtime works on (built once from a ModelProto).
+
+Nodes keep decoded attributes, the schema version they resolve to (``since_version``, used for
+version-aware kernel lookup), their subgraphs as ``Graph`` objects and the outer-scope values
+those subgraphs read (``implicit_inputs``), which the executor passes in like extra inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, numpy_helper
+
+from ..errors import InvalidGraph
+from .types import ValueType, np_dtype
+
+_LARGE_INITIALIZER = 4096  # elements; bigger initializers are hidden from shape inference
+
+
+@dataclass
+class ValueInfo:
+    name: str
+    type: ValueType
+
+    @property
+    def shape(self):
+        return self.type.shape
+
+    @property
+    def elem_type(self) -> int:
+        return self.type.elem_type
+
+
+@dataclass(eq=False)
+class Node:
+    name: str
+    op_type: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any]
+    since_version: int
+    opset: int
+    proto: NodeProto | None = None
+    subgraphs: dict[str, Graph] = field(default_factory=dict)
+    implicit_inputs: list[str] = field(default_factory=list)
+    ep: str | None = None  # name of the execution provider the node is assigned to
+
+    def __repr__(self) -> str:
+        return f"Node({self.op_type}:{self.name!r})"
+
+    def label(self) -> str:
+        return f"{self.op_type} node '{self.name}'"
+
+
+@dataclass(eq=False)
+class Graph:
+    name: str
+    nodes: list[Node]
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    initializers: dict[str, np.ndarray]
+    value_types: dict[str, ValueType]
+    opsets: dict[str, int]
+    parent: Graph | None = None
+    doc: str = ""
+    ir_version: int = 0
+    _names: itertools.count = field(default_factory=lambda: itertools.count())
+
+    def unique_name(self, base: str) -> str:
+        return f"{base}__{next(self._names)}"
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in itertools.chain(n.inputs, n.implicit_inputs):
+                if i:
+                    out.setdefault(i, []).append(n)
+        return out
+
+    def type_of(self, name: str) -> ValueType | None:
+        g: Graph | None = self
+        while g is not None:
+            t = g.value_types.get(name)
+            if t is not None:
+                return t
+            arr = g.initializers.get(name)
+            if arr is not None:
+                from .types import elem_type_of
+
+                return ValueType("tensor", elem_type_of(arr.dtype), tuple(arr.shape))
+            g = g.parent
+        return None
+
+    def toposort(self) -> None:
+        """Order nodes so that every input is produced before it is used."""
+        produced = {o: n for n in self.nodes for o in n.outputs if o}
+        order: list[Node] = []
+        state: dict[int, int] = {}
+        for root in self.nodes:
+            if state.get(id(root)) == 2:
+                continue
+            stack = [(root, False)]
+            while stack:
+                node, done = stack.pop()
+                if done:
+                    state[id(node)] = 2
+                    order.append(node)
+                    continue
+                s = state.get(id(node))
+                if s == 2:
+                    continue
+                if s == 1:
+                    raise InvalidGraph(
+                        f"the graph '{self.name}' has a cycle through {node.label()}"
+                    )
+                state[id(node)] = 1
+                stack.append((node, True))
+                for inp in itertools.chain(node.inputs, node.implicit_inputs):
+                    p = produced.get(inp)
+                    if p is not None and p is not node and state.get(id(p)) != 2:
+                        if state.get(id(p)) == 1:
+                            raise InvalidGraph(
+                                f"the graph '{self.name}' has a cycle through {p.label()}"
+                            )
+                        stack.append((p, False))
+        self.nodes = order
+
+
+def decode_attribute(attr: AttributeProto, parent: Graph, opsets: dict[str, int]) -> Any:
+    t = attr.type
+    A = AttributeProto
+    if t == A.FLOAT:
+        return float(attr.f)
+    if t == A.INT:
+        return int(attr.i)
+    if t == A.STRING:
+        return attr.s.decode("utf-8", errors="surrogateescape")
+    if t == A.TENSOR:
+        return numpy_helper.to_array(attr.t)
+    if t == A.GRAPH:
+        return graph_from_proto(attr.g, opsets, parent)
+    if t == A.SPARSE_TENSOR:
+        return _sparse_to_dense(attr.sparse_tensor)
+    if t == A.TYPE_PROTO:
+        return ValueType.from_proto(attr.tp)
+    if t == A.FLOATS:
+        return [float(x) for x in attr.floats]
+    if t == A.INTS:
+        return [int(x) for x in attr.ints]
+    if t == A.STRINGS:
+        return [s.decode("utf-8", errors="surrogateescape") for s in attr.strings]
+    if t == A.TENSORS:
+        return [numpy_helper.to_array(x) for x in attr.tensors]
+    if t == A.GRAPHS:
+        return [graph_from_proto(g, opsets, parent) for g in attr.graphs]
+    if t == A.SPARSE_TENSORS:
+        return [_sparse_to_dense(x) for x in attr.sparse_tensors]
+    if t == A.TYPE_PROTOS:
+        return [ValueType.from_proto(x) for x in attr.type_protos]
+    # Untyped attribute (old models): guess from the populated field.
+    return onnx.helper.get_attribute_value(attr)
+
+
+def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
+    values = numpy_helper.to_array(sp.values)
+    indices = numpy_helper.to_array(sp.indices).astype(np.int64)
+    dims = tuple(int(d) for d in sp.dims)
+    dense = np.zeros(dims, dtype=values.dtype)
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+def _resolve_since_version(op_type: str, domain: str, opset: int) -> int:
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain).since_version
+    except Exception:
+        return opset
+
+
+def _node_from_proto(p: NodeProto, graph: Graph, opsets: dict[str, int], index: int) -> Node:
+    domain = "" if p.domain == "ai.onnx" else p.domain
+    opset = opsets.get(domain)
+    if opset is None:
+        if domain == "":
+            raise InvalidGraph(f"the model imports no default-domain opset but uses {p.op_type}")
+        opset = 1
+    attrs: dict[str, Any] = {}
+    subgraphs: dict[str, Graph] = {}
+    for a in p.attribute:
+        val = decode_attribute(a, graph, opsets)
+        attrs[a.name] = val
+        if isinstance(val, Graph):
+            subgraphs[a.name] = val
+    name = p.name or f"{p.op_type}_{index}"
+    node = Node(
+        name=name,
+        op_type=p.op_type,
+        domain=domain,
+        inputs=list(p.input),
+        outputs=list(p.output),
+        attrs=attrs,
+        since_version=_resolve_since_version(p.op_type, domain, opset),
+        opset=opset,
+        proto=p,
+        subgraphs=subgraphs,
+    )
+    if subgraphs:
+        seen: set[str] = set()
+        for sg in subgraphs.values():
+            for name_ in outer_scope_names(sg):
+                if name_ not in seen:
+                    seen.add(name_)
+                    node.implicit_inputs.append(name_)
+    return node
+
+
+def outer_scope_names(g: Graph) -> list[str]:
+    """Values a (sub)graph reads but does not define (from enclosing graphs)."""
+    defined = {vi.name for vi in g.inputs} | set(g.initializers)
+    out: list[str] = []
+    seen: set[str] = set()
+    for n in g.nodes:
+        for i in itertools.chain(n.inputs, n.implicit_inputs):
+            if i and i not in defined and i not in seen:
+                seen.add(i)
+                out.append(i)
+        defined.update(o for o in n.outputs if o)
+    return out
+
+
+def graph_from_proto(
+    gp: GraphProto, opsets: dict[str, int], parent: Graph | None = None, ir_version: int = 0
+) -> Graph:
+    inits: dict[str, np.ndarray] = {}
+    for t in gp.initializer:
+        try:
+            inits[t.name] = numpy_helper.to_array(t)
+        except Exception as e:
+            raise InvalidGraph(f"initializer '{t.name}' cannot be read: {e}") from e
+    for sp in gp.sparse_initializer:
+        inits[sp.values.name] = _sparse_to_dense(sp)
+    value_types: dict[str, ValueType] = {}
+    for vi in itertools.chain(gp.input, gp.output, gp.value_info):
+        if vi.HasField("type"):
+            value_types[vi.name] = ValueType.from_proto(vi.type)
+    g = Graph(
+        name=gp.name or "graph",
+        nodes=[],
+        inputs=[
+            ValueInfo(vi.name, value_types.get(vi.name, ValueType("unknown"))) for vi in gp.input
+        ],
+        outputs=[
+            ValueInfo(vi.name, value_types.get(vi.name, ValueType("unknown"))) for vi in gp.output
+        ],
+        initializers=inits,
+        value_types=value_types,
+        opsets=opsets,
+        parent=parent,
+        doc=gp.doc_string,
+        ir_version=ir_version,
+    )
+    g.nodes = [_node_from_proto(p, g, opsets, i) for i, p in enumerate(gp.node)]
+    _check_unique_names(g)
+    g.toposort()
+    return g
+
+
+def _check_unique_names(g: Graph) -> None:
+    seen: dict[str, str] = {}
+    for n in g.nodes:
+        for o in n.outputs:
+            if not o:
+                continue
+            if o in seen:
+                raise InvalidGraph(
+                    f"value '{o}' is produced twice (by {seen[o]} and {n.label()}); "
+                    "ONNX graphs must be in SSA form"
+                )
+            seen[o] = n.label()
+
+
+def infer_types(proto: ModelProto) -> ModelProto:
+    """onnx shape inference on a copy whose large initializers are replaced by typed inputs
+    (so that big models are not serialized whole)."""
+    light = ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import)
+    g = proto.graph
+    light.graph.name = g.name
+    light.graph.node.extend(g.node)
+    light.graph.input.extend(g.input)
+    light.graph.output.extend(g.output)
+    light.graph.value_info.extend(g.value_info)
+    existing = {i.name for i in g.input}
+    for t in g.initializer:
+        if _numel(t) <= _LARGE_INITIALIZER:
+            light.graph.initializer.append(t)
+        elif t.name not in existing:
+            light.graph.input.append(
+                onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+            )
+    try:
+        return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
+    except Exception:
+        return light
+
+
+def _numel(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n
+
+
+def graph_from_model(proto: ModelProto) -> Graph:
+    opsets: dict[str, int] = {}
+    for imp in proto.opset_import:
+        dom = "" if imp.domain == "ai.onnx" else imp.domain
+        opsets[dom] = int(imp.version)
+    if "" not in opsets and any(n.domain in ("", "ai.onnx") for n in proto.graph.node):
+        raise InvalidGraph("the model uses default-domain ops but imports no default opset")
+    max_opset = onnx.defs.onnx_opset_version()
+    if opsets.get("", 0) > max_opset:
+        raise InvalidGraph(
+            f"the model needs opset {opsets['']} of the default domain; this onnx "
+            f"({onnx.__version__}) knows opsets up to {max_opset}"
+        )
+    inferred = infer_types(proto)
+    g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
+    _merge_types(g, inferred.graph)
+    return g
+
+
+def _merge_types(g: Graph, gp: GraphProto) -> None:
+    """Copy inferred value types into the graph and its subgraphs (by position of nodes)."""
+    for vi in itertools.chain(gp.value_info, gp.output, gp.input):
+        if vi.HasField("type") and vi.name not in g.value_types:
+            g.value_types[vi.name] = ValueType.from_proto(vi.type)
+        elif vi.HasField("type") and g.value_types[vi.name].kind == "unknown":
+            g.value_types[vi.name] = ValueType.from_proto(vi.type)
+    by_output = {n.outputs[0]: n for n in g.nodes if n.outputs and n.subgraphs}
+    for pn in gp.node:
+        if not pn.output or pn.output[0] not in by_output:
+            continue
+        node = by_output[pn.output[0]]
+        for a in pn.attribute:
+            sg = node.subgraphs.get(a.name)
+            if sg is not None and a.HasField("g"):
+                _merge_types(sg, a.g)
+
+
+def tensor_dtype(graph: Graph, name: str) -> np.dtype | None:
+    t = graph.type_of(name)
+    if t is None or t.kind != "tensor" or not t.elem_type:
+        return None
+    try:
+        return np_dtype(t.elem_type)
+    except ValueError:
+        return None

@@ -1,0 +1,1 @@
+"""Graph rewrites on the IR: constant folding, clean-ups, fusions, function expansion."""

@@ -1,0 +1,153 @@
+"""Graph optimization passes, run in place on the IR before partitioning.
+
+Levels follow onnxruntime: 0 disables everything; 1 (basic) folds constants and removes
+no-op nodes; higher levels add the fusions providers ask for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..ir.graph import Graph, Node
+
+Folder = Callable[[Graph, Node, list[Any]], list[Any] | None]
+
+_NO_FOLD = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Bernoulli",
+        "Multinomial",
+        "Dropout",
+        "If",
+        "Loop",
+        "Scan",
+        "SequenceEmpty",
+        "Optional",
+    }
+)
+_FOLD_MAX_ELEMENTS = 1 << 20
+
+
+def optimize(graph: Graph, level: int, folder: Folder | None = None) -> None:
+    if level <= 0:
+        return
+    for g in _all_graphs(graph):
+        _constant_to_initializer(g)
+        if folder is not None:
+            fold_constants(g, folder)
+        _remove_identity(g)
+
+
+def _all_graphs(g: Graph) -> list[Graph]:
+    out = [g]
+    for n in g.nodes:
+        for sg in n.subgraphs.values():
+            out.extend(_all_graphs(sg))
+    return out
+
+
+def _outer_refs(g: Graph) -> set[str]:
+    refs: set[str] = set()
+    for n in g.nodes:
+        refs.update(n.implicit_inputs)
+    return refs
+
+
+def _constant_to_initializer(g: Graph) -> None:
+    """``Constant`` nodes with a tensor value become initializers."""
+    keep: list[Node] = []
+    outputs = {vi.name for vi in g.outputs}
+    for n in g.nodes:
+        if (
+            n.op_type == "Constant"
+            and n.domain == ""
+            and len(n.outputs) == 1
+            and n.outputs[0] not in outputs
+        ):
+            v = _constant_value(n)
+            if v is not None:
+                g.initializers[n.outputs[0]] = v
+                continue
+        keep.append(n)
+    g.nodes = keep
+
+
+def _constant_value(n: Node) -> np.ndarray | None:
+    a = n.attrs
+    if "value" in a and isinstance(a["value"], np.ndarray):
+        return a["value"]
+    if "value_float" in a:
+        return np.array(a["value_float"], dtype=np.float32)
+    if "value_floats" in a:
+        return np.array(a["value_floats"], dtype=np.float32)
+    if "value_int" in a:
+        return np.array(a["value_int"], dtype=np.int64)
+    if "value_ints" in a:
+        return np.array(a["value_ints"], dtype=np.int64)
+    if "value_string" in a:
+        return np.array(a["value_string"], dtype=object)
+    if "value_strings" in a:
+        return np.array(a["value_strings"], dtype=object)
+    return None
+
+
+def fold_constants(g: Graph, folder: Folder) -> None:
+    outputs = {vi.name for vi in g.outputs}
+    keep: list[Node] = []
+    for n in g.nodes:
+        if (
+            n.op_type in _NO_FOLD
+            or n.subgraphs
+            or not n.inputs
+            or any(o in outputs for o in n.outputs)
+            or not all((not i) or i in g.initializers for i in n.inputs)
+        ):
+            keep.append(n)
+            continue
+        ins = [g.initializers[i] if i else None for i in n.inputs]
+        try:
+            outs = folder(g, n, ins)
+        except Exception:
+            outs = None
+        limit = max(_FOLD_MAX_ELEMENTS, sum(getattr(x, "size", 0) for x in ins))
+        if (
+            outs is None
+            or len(outs) < len([o for o in n.outputs if o])
+            or not all(isinstance(o, np.ndarray) and o.size <= limit for o in outs)
+        ):
+            keep.append(n)
+            continue
+        for name, value in zip(n.outputs, outs):
+            if name:
+                g.initializers[name] = value
+    g.nodes = keep
+
+
+def _remove_identity(g: Graph) -> None:
+    outputs = {vi.name for vi in g.outputs}
+    refs = _outer_refs(g)
+    rename: dict[str, str] = {}
+    keep: list[Node] = []
+    for n in g.nodes:
+        if (
+            n.op_type == "Identity"
+            and n.domain == ""
+            and n.outputs[0] not in outputs
+            and n.outputs[0] not in refs
+            and (g.type_of(n.inputs[0]) is None or g.type_of(n.inputs[0]).kind == "tensor")
+        ):
+            src = n.inputs[0]
+            rename[n.outputs[0]] = rename.get(src, src)
+            continue
+        keep.append(n)
+    if not rename:
+        return
+    for n in keep:
+        n.inputs = [rename.get(i, i) for i in n.inputs]
+    g.nodes = keep

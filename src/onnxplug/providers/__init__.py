@@ -1,0 +1,1 @@
+"""Execution providers that ship with onnxplug (each written against ``onnxplug.ep`` only)."""

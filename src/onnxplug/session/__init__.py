@@ -1,0 +1,1 @@
+"""InferenceSession, options, OrtValue and IOBinding: the onnxruntime-compatible API."""

@@ -1,0 +1,460 @@
+"""From a graph and a list of providers to an execution plan.
+
+1. **Partition**: providers in priority order claim nodes with ``get_capability``; the CPU
+   provider is last (the fallback). A node nobody claims is expanded into its ONNX function
+   body when it has one; otherwise the session cannot be created.
+2. **Place**: each value lives where its producer's kernel writes it; each input must be
+   where the consumer's kernel def wants it. Mismatches get explicit copy nodes
+   (MemcpyFromHost / MemcpyToHost), initializers are copied once, at build time.
+3. **Plan**: slots, prepared kernels, release points, cross-stream waits, foldable shape
+   computations, subgraph runners for control flow (built recursively).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ep.api import Ep, GraphView
+from ..errors import Fail, InvalidGraph, NotImplemented
+from ..framework.control_flow import SubgraphRunner, place
+from ..framework.copy_kernels import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, CopyKernel
+from ..framework.executor import (
+    NONDETERMINISTIC_OPS,
+    SHAPE_SOURCE_OPS,
+    ExecutionPlan,
+    GraphRunner,
+    StepSpec,
+)
+from ..framework.kernel import KernelDef, KernelInfo
+from ..framework.memory import CPU, Device, MemType
+from ..framework.stream import DataTransferManager
+from ..ir.graph import Graph, Node, tensor_dtype
+from ..optimizer.functions import expand
+
+_MAX_EXPANSION_DEPTH = 8
+_COPY_DEF = KernelDef(MEMCPY_FROM_HOST)
+
+
+@dataclass
+class Assignment:
+    ep: Ep
+    kdef: KernelDef
+    factory: Any
+
+
+@dataclass
+class BuildContext:
+    eps: list[Ep]  # priority order; CPU last when fallback is on
+    transfer: DataTransferManager
+    allocator_for: Any  # (ep, device) -> Allocator
+    by_name: dict[str, Ep] = field(default_factory=dict)
+    records: list[tuple[str, str, str, str]] = field(default_factory=list)  # (graph, node, op, ep)
+
+    def __post_init__(self) -> None:
+        self.by_name = {ep.name: ep for ep in self.eps}
+
+
+def _lookup(ep: Ep, graph: Graph, node: Node) -> tuple[KernelDef, Any] | None:
+    reg = ep.get_kernel_registry()
+    ins = [tensor_dtype(graph, i) if i else None for i in node.inputs]
+    outs = [tensor_dtype(graph, o) if o else None for o in node.outputs]
+    return reg.lookup(node.op_type, node.domain, node.since_version, ins, outs)
+
+
+def partition(graph: Graph, ctx: BuildContext) -> dict[int, Assignment]:
+    """Assign every node of ``graph`` (not its subgraphs) to a provider."""
+    assignment: dict[int, Assignment] = {}
+    pending = [n for n in graph.nodes]
+    for depth in range(_MAX_EXPANSION_DEPTH + 1):
+        for ep in ctx.eps:
+            if not pending:
+                break
+            view = GraphView(graph, pending, ep.get_kernel_registry())
+            claimed = {id(n) for n in ep.get_capability(view)}
+            still = []
+            for n in pending:
+                hit = _lookup(ep, graph, n) if id(n) in claimed else None
+                if hit is not None:
+                    n.ep = ep.name
+                    assignment[id(n)] = Assignment(ep, hit[0], hit[1])
+                else:
+                    still.append(n)
+            pending = still
+        if not pending:
+            break
+        expanded_any = False
+        new_pending: list[Node] = []
+        for n in pending:
+            body = expand(n, graph) if depth < _MAX_EXPANSION_DEPTH else None
+            if body is None:
+                new_pending.append(n)
+                continue
+            idx = graph.nodes.index(n)
+            graph.nodes[idx : idx + 1] = body
+            new_pending.extend(body)
+            expanded_any = True
+        pending = new_pending
+        if not expanded_any:
+            break
+    if pending:
+        n = pending[0]
+        names = ", ".join(ep.name for ep in ctx.eps)
+        raise NotImplementedError(
+            f"Could not find an implementation for {n.op_type}({n.since_version}) node with name "
+            f"'{n.name}' (domain '{n.domain or 'ai.onnx'}', input types "
+            f"{[str(tensor_dtype(graph, i)) if i else '-' for i in n.inputs]}) in any of the "
+            f"session's providers: {names}"
+        )
+    graph.toposort()
+    return assignment
+
+
+def _out_device(a: Assignment, j: int) -> Device:
+    dev = a.ep.device
+    if dev.is_cpu or a.kdef.output_mem(j) == MemType.CPU_OUTPUT:
+        return CPU
+    return dev
+
+
+def _in_device(a: Assignment, i: int) -> Device | None:
+    if i in a.kdef.shape_only_inputs:
+        return None
+    dev = a.ep.device
+    if dev.is_cpu or a.kdef.input_mem(i) == MemType.CPU_INPUT:
+        return CPU
+    return dev
+
+
+def _ep_for_device(ctx: BuildContext, device: Device) -> Ep:
+    for ep in ctx.eps:
+        if ep.device == device:
+            return ep
+    raise Fail(f"no provider of this session owns device {device}")
+
+
+def build_runner(
+    graph: Graph,
+    ctx: BuildContext,
+    implicit_names: list[str] | None = None,
+    output_devices: list[Device] | None = None,
+) -> tuple[GraphRunner, list[Device | None]]:
+    """Partition, place and plan ``graph``; returns the runner and where each feed must be.
+
+    Feeds are the graph's inputs (minus initializers) followed by ``implicit_names`` (values a
+    subgraph reads from enclosing scopes).
+    """
+    assignment = partition(graph, ctx)
+    feed_names = [vi.name for vi in graph.inputs if vi.name not in graph.initializers]
+    feed_names += [n for n in (implicit_names or []) if n not in feed_names]
+
+    # where each input is wanted -------------------------------------------------------------
+    wanted: dict[str, set[Device]] = {}
+    for n in graph.nodes:
+        a = assignment[id(n)]
+        for i, name in enumerate(n.inputs):
+            if name:
+                d = _in_device(a, i)
+                if d is not None:
+                    wanted.setdefault(name, set()).add(d)
+    feed_devices: list[Device | None] = []
+    for name in feed_names:
+        devs = wanted.get(name, set())
+        feed_devices.append(next(iter(devs)) if len(devs) == 1 else (CPU if devs else None))
+
+    location: dict[str, Device | None] = dict(zip(feed_names, feed_devices))
+    for n in graph.nodes:
+        a = assignment[id(n)]
+        for j, o in enumerate(n.outputs):
+            if o:
+                location[o] = _out_device(a, j)
+
+    # copies -----------------------------------------------------------------------------------
+    slot_of: dict[str, int] = {}
+    slot_names: list[str] = []
+
+    def slot(name: str) -> int:
+        s = slot_of.get(name)
+        if s is None:
+            s = slot_of[name] = len(slot_names)
+            slot_names.append(name)
+        return s
+
+    for name in feed_names:
+        slot(name)
+    constants: dict[int, Any] = {}
+    copies: dict[tuple[str, Device], str] = {}
+    steps_nodes: list[tuple[Node, Assignment | None, list[str]]] = []
+    counter = itertools.count()
+
+    def value_on(name: str, dev: Device) -> str:
+        """Name of ``name``'s value on ``dev``, adding a copy if needed."""
+        if name in graph.initializers:
+            key = (name, dev)
+            if key not in copies:
+                cname = name if dev.is_cpu else f"{name}@{dev}"
+                copies[key] = cname
+                constants[slot(cname)] = place(
+                    graph.initializers[name], dev, ctx.transfer, _allocators(ctx, dev)
+                )
+            return copies[key]
+        src = location.get(name)
+        if src is None or src == dev:
+            return name
+        key = (name, dev)
+        if key in copies:
+            return copies[key]
+        if not src.is_cpu and not dev.is_cpu:
+            via = value_on(name, CPU)
+            return value_on(via, dev) if via != name else via
+        cname = f"{name}@{dev}"
+        op = MEMCPY_FROM_HOST if src.is_cpu else MEMCPY_TO_HOST
+        owner = _ep_for_device(ctx, dev if src.is_cpu else src)
+        cnode = Node(
+            name=f"{op}_{next(counter)}_{name}",
+            op_type=op,
+            domain="",
+            inputs=[name],
+            outputs=[cname],
+            attrs={},
+            since_version=1,
+            opset=1,
+        )
+        cnode.ep = owner.name
+        location[cname] = dev
+        steps_nodes.append((cnode, None, [name]))
+        copies[key] = cname
+        return cname
+
+    for n in graph.nodes:
+        a = assignment[id(n)]
+        actual: list[str] = []
+        for i, name in enumerate(n.inputs):
+            if not name:
+                actual.append("")
+                continue
+            want = _in_device(a, i)
+            if want is None:
+                if name in graph.initializers:
+                    actual.append(value_on(name, CPU))
+                else:
+                    actual.append(name)
+                continue
+            actual.append(value_on(name, want))
+        steps_nodes.append((n, a, actual))
+
+    # graph outputs that are initializers or feeds
+    for vi in graph.outputs:
+        if vi.name in graph.initializers:
+            value_on(vi.name, CPU)
+            slot_of.setdefault(vi.name, slot_of[copies[(vi.name, CPU)]])
+
+    # steps ------------------------------------------------------------------------------------
+    specs: list[StepSpec] = []
+    producer_step: dict[int, int] = {}
+    static: set[int] = set(constants)
+    allocators: dict[Device, Any] = {}
+    stream_factories: dict[str, Any] = {}
+    for n, a, actual in steps_nodes:
+        if a is None:  # a copy node
+            owner = ctx.by_name[n.ep]
+            kernel = CopyKernel(_copy_info(n, owner), ctx.transfer)
+            info = kernel.info
+            out_devs = (location[n.outputs[0]] or CPU,)
+            ep = owner
+        else:
+            ep = a.ep
+            info = _kernel_info(n, a, graph, ctx)
+            try:
+                kernel = a.factory(info)
+            except (NotImplemented, InvalidGraph):
+                raise
+            except Exception as e:
+                raise Fail(
+                    f"{n.op_type} node '{n.name}' could not be prepared by {ep.name}: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
+            out_devs = tuple(_out_device(a, j) for j in range(len(n.outputs)))
+        for d in out_devs:
+            if not d.is_cpu and d not in allocators:
+                allocators[d] = ctx.allocator_for(ep, d)
+        ep_key = None if ep.device.is_cpu else ep.name
+        if ep_key is not None and ep_key not in stream_factories:
+            stream_factories[ep_key] = ep.create_sync_stream
+            if ep.device not in allocators:
+                allocators[ep.device] = ctx.allocator_for(ep, ep.device)
+        in_slots = tuple(slot(x) if x else -1 for x in actual)
+        out_slots = tuple(slot(o) if o else -1 for o in n.outputs)
+        implicit = tuple(slot(x) for x in n.implicit_inputs)
+        foldable = False
+        if (
+            ep.device.is_cpu
+            and not n.subgraphs
+            and n.op_type not in NONDETERMINISTIC_OPS
+            and a is not None
+        ):
+            if n.op_type in SHAPE_SOURCE_OPS and n.domain == "":
+                foldable = True
+            else:
+                foldable = all(s < 0 or s in static for s in in_slots)
+        if foldable:
+            static.update(s for s in out_slots if s >= 0)
+        for s in out_slots:
+            if s >= 0:
+                producer_step[s] = len(specs)
+        specs.append(
+            StepSpec(kernel, info, in_slots, out_slots, implicit, out_devs, ep_key, (), foldable)
+        )
+
+    output_slots = []
+    for vi in graph.outputs:
+        if vi.name not in slot_of:
+            raise InvalidGraph(
+                f"graph '{graph.name}' output '{vi.name}' is not produced by any node, input "
+                "or initializer"
+            )
+        output_slots.append(slot_of[vi.name])
+    _check_inputs_defined(
+        graph, specs, slot_names, producer_step, set(slot_of[f] for f in feed_names), constants
+    )
+
+    # release points: after the last step that reads a slot
+    last_use: dict[int, int] = {}
+    for i, spec in enumerate(specs):
+        for s in itertools.chain(spec.in_slots, spec.implicit_slots):
+            if s >= 0:
+                last_use[s] = i
+        for s in spec.out_slots:
+            if s >= 0 and s not in last_use:
+                last_use[s] = i
+    keep = set(output_slots) | set(constants)
+    releases: dict[int, list[int]] = {}
+    for s, i in last_use.items():
+        if s not in keep:
+            releases.setdefault(i, []).append(s)
+    for i, spec in enumerate(specs):
+        spec.release = tuple(releases.get(i, ()))
+
+    # cross-stream waits
+    waits: dict[int, list[tuple[int, str]]] = {}
+    for i, spec in enumerate(specs):
+        if spec.ep_key is None:
+            continue
+        for s in spec.in_slots:
+            p = producer_step.get(s)
+            if p is None:
+                continue
+            pk = specs[p].ep_key
+            if pk is not None and pk != spec.ep_key and (p, pk) not in waits.get(i, []):
+                waits.setdefault(i, []).append((p, pk))
+
+    plan = ExecutionPlan(
+        name=graph.name,
+        n_slots=len(slot_names),
+        slot_names=slot_names,
+        constants=constants,
+        feed_slots=[slot_of[f] for f in feed_names],
+        feed_devices=feed_devices,
+        output_slots=output_slots,
+        steps=specs,
+        allocators=allocators,
+        stream_factories=stream_factories,
+        waits=waits,
+        transfer=ctx.transfer,
+    )
+    for spec in specs:
+        ctx.records.append(
+            (graph.name, spec.info.name, spec.info.op_type, getattr(spec.info.ep, "name", ""))
+        )
+    runner = GraphRunner(plan)
+    return runner, feed_devices
+
+
+def _check_inputs_defined(graph, specs, slot_names, producer_step, feed_slots, constants) -> None:
+    for spec in specs:
+        for k, s in enumerate(spec.in_slots):
+            if s >= 0 and s not in producer_step and s not in feed_slots and s not in constants:
+                raise InvalidGraph(
+                    f"{spec.info.op_type} node '{spec.info.name}' input {k} '{slot_names[s]}' is "
+                    "not a graph input, an initializer or the output of another node"
+                )
+
+
+def _allocators(ctx: BuildContext, dev: Device) -> dict[Device, Any]:
+    if dev.is_cpu:
+        return {}
+    return {dev: ctx.allocator_for(_ep_for_device(ctx, dev), dev)}
+
+
+def _copy_info(node: Node, ep: Ep) -> KernelInfo:
+    return KernelInfo(node, _COPY_DEF, ep, [None], [None], {})
+
+
+def _kernel_info(node: Node, a: Assignment, graph: Graph, ctx: BuildContext) -> KernelInfo:
+    consts: dict[int, Any] = {}
+    for i, name in enumerate(node.inputs):
+        if name and name in graph.initializers:
+            consts[i] = graph.initializers[name]
+    runners: dict[str, SubgraphRunner] = {}
+    if node.subgraphs:
+        out_dev = _out_device(a, 0)
+        for attr, sg in node.subgraphs.items():
+            runner, feed_devs = build_runner(sg, ctx, list(node.implicit_inputs))
+            allocs = {}
+            for d in set(feed_devs) | {out_dev}:
+                if d is not None and not d.is_cpu:
+                    allocs[d] = ctx.allocator_for(_ep_for_device(ctx, d), d)
+            outs_on: list[Device] | None = None
+            if node.op_type == "Loop":
+                # the loop condition is read on the host; carried values stay on the device
+                outs_on = [CPU] + [out_dev] * (len(sg.outputs) - 1)
+            runners[attr] = SubgraphRunner(
+                runner, feed_devs, out_dev, ctx.transfer, allocs, outs_on
+            )
+    allocs_by_mem: dict[MemType, Any] = {}
+    if not a.ep.device.is_cpu:
+        allocs_by_mem[MemType.DEFAULT] = ctx.allocator_for(a.ep, a.ep.device)
+    return KernelInfo(
+        node,
+        a.kdef,
+        a.ep,
+        [graph.type_of(i) if i else None for i in node.inputs],
+        [graph.type_of(o) if o else None for o in node.outputs],
+        consts,
+        runners,
+        allocs_by_mem,
+    )
+
+
+def make_constant_folder(ep: Ep) -> Any:
+    """Evaluates one node on ``ep`` (the CPU provider) for constant folding."""
+    from ..framework.executor import _host_empty
+    from ..framework.kernel import KernelContext
+
+    def fold(graph: Graph, node: Node, inputs: list[Any]) -> list[Any] | None:
+        hit = _lookup(ep, graph, node)
+        if hit is None:
+            return None
+        kdef, factory = hit
+        consts = {i: v for i, v in enumerate(inputs) if v is not None}
+        info = KernelInfo(
+            node,
+            kdef,
+            ep,
+            [graph.type_of(i) if i else None for i in node.inputs],
+            [graph.type_of(o) if o else None for o in node.outputs],
+            consts,
+        )
+        kernel = factory(info)
+        n_in = len(inputs)
+        values: list[Any] = list(inputs) + [None] * len(node.outputs)
+        in_slots = tuple(i if v is not None else -1 for i, v in enumerate(inputs))
+        out_slots = tuple(n_in + j if o else -1 for j, o in enumerate(node.outputs))
+        ctx = KernelContext(
+            values, in_slots, out_slots, (), info, (_host_empty,) * len(node.outputs), None, None
+        )
+        kernel.compute(ctx)
+        return [values[n_in + j] for j, o in enumerate(node.outputs) if o]
+
+    return fold

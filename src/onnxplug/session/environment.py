@@ -1,0 +1,98 @@
+"""The process-wide environment: plugins, shared allocators and the data-transfer manager
+(onnxruntime's OrtEnv). Sessions and Values share it."""
+
+from __future__ import annotations
+
+import threading
+
+from ..ep.api import Ep, EpDevice, EpFactory, supports
+from ..ep.loader import REGISTRY, PluginRegistry
+from ..errors import InvalidArgument
+from ..framework.memory import Allocator, Device, MemoryInfo
+from ..framework.stream import DataTransferManager
+
+
+class Environment:
+    def __init__(self, registry: PluginRegistry):
+        self.registry = registry
+        self.transfer = DataTransferManager()
+        self._allocators: dict[tuple[int, MemoryInfo], Allocator] = {}
+        self._registered_transfers: set[int] = set()
+        self._lock = threading.RLock()
+
+    def ensure_transfer(self, factory: EpFactory) -> None:
+        with self._lock:
+            if id(factory) in self._registered_transfers:
+                return
+            self._registered_transfers.add(id(factory))
+            if supports(getattr(factory, "api_version", 1), "data_transfer"):
+                dt = factory.create_data_transfer()
+                if dt is not None:
+                    self.transfer.register(dt)
+
+    def shared_allocator(self, factory: EpFactory, memory_info: MemoryInfo) -> Allocator:
+        key = (id(factory), memory_info)
+        with self._lock:
+            alloc = self._allocators.get(key)
+            if alloc is None:
+                alloc = factory.create_allocator(memory_info, None)
+                if alloc is None:
+                    raise InvalidArgument(
+                        f"execution provider '{factory.name}' has no allocator for memory "
+                        f"'{memory_info.name}' on {memory_info.device}"
+                    )
+                self._allocators[key] = alloc
+            return alloc
+
+    def allocator_for(self, ep: Ep, device: Device) -> Allocator:
+        mi = self.memory_info_for(ep.ep_device, device)
+        override = ep.get_allocator(mi)
+        if override is not None:
+            return override
+        return self.shared_allocator(ep.factory, mi)
+
+    @staticmethod
+    def memory_info_for(ep_device: EpDevice | None, device: Device) -> MemoryInfo:
+        if ep_device is not None:
+            if ep_device.memory_info.device == device:
+                return ep_device.memory_info
+            hm = ep_device.host_accessible_memory_info
+            if hm is not None and hm.device == device:
+                return hm
+        return MemoryInfo(device.type.capitalize(), device)
+
+    def find_device(self, device_type: str, device_id: int) -> EpDevice:
+        """The EP device whose memory is ``device_type:device_id`` (for Values and IOBinding)."""
+        want = device_type.lower()
+        for d in self.registry.ep_devices():
+            dev = d.memory_info.device
+            if dev.type == want and dev.id == int(device_id):
+                return d
+        known = sorted({f"{d.memory_info.device}" for d in self.registry.ep_devices()})
+        raise InvalidArgument(
+            f"no execution provider offers device '{device_type}:{device_id}'; devices: {known}"
+        )
+
+    def allocator_for_device(self, device_type: str, device_id: int) -> tuple[Allocator, EpDevice]:
+        d = self.find_device(device_type, device_id)
+        self.ensure_transfer(d.factory)
+        return self.shared_allocator(d.factory, d.memory_info), d
+
+    def transfer_for(self, device: Device) -> DataTransferManager:
+        if not device.is_cpu:
+            d = self.find_device(device.type, device.id)
+            self.ensure_transfer(d.factory)
+        return self.transfer
+
+
+_ENV: Environment | None = None
+_ENV_LOCK = threading.Lock()
+
+
+def get_environment() -> Environment:
+    global _ENV
+    if _ENV is None:
+        with _ENV_LOCK:
+            if _ENV is None:
+                _ENV = Environment(REGISTRY)
+    return _ENV

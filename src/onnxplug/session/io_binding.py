@@ -1,0 +1,151 @@
+"""IOBinding: bind inputs and outputs to values on any device, then run without host copies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..framework.control_flow import place
+from ..framework.memory import CPU, DeviceTensor
+from ..framework.stream import device_of
+from .value import OrtValue, _as_dtype, to_numpy, unwrap
+
+
+class IOBinding:
+    def __init__(self, session: Any):
+        self._session = session
+        self._inputs: dict[str, Any] = {}
+        self._outputs: dict[str, Any] = {}  # name -> OrtValue (preallocated) or a Device
+        self._results: list[OrtValue] = []
+
+    # inputs ---------------------------------------------------------------------------------
+    def bind_cpu_input(self, name: str, arr_on_cpu: Any) -> None:
+        self._inputs[name] = np.asarray(arr_on_cpu)
+
+    def bind_input(
+        self,
+        name: str,
+        device_type: str,
+        device_id: int,
+        element_type: Any,
+        shape: Any,
+        buffer_ptr: int,
+    ) -> None:
+        dt = _as_dtype(element_type)
+        shape = tuple(int(d) for d in shape)
+        if device_type.lower() == "cpu":
+            from ..framework.memory import host_view
+
+            self._inputs[name] = host_view(int(buffer_ptr), shape, dt, None)
+            return
+        d = self._session._env.find_device(device_type, device_id)
+        self._inputs[name] = DeviceTensor(d.memory_info.device, dt, shape, int(buffer_ptr), None)
+
+    def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
+        self._inputs[name] = unwrap(ortvalue)
+
+    def clear_binding_inputs(self) -> None:
+        self._inputs.clear()
+
+    def synchronize_inputs(self) -> None:
+        for ep in self._session._eps:
+            ep.sync()
+
+    # outputs --------------------------------------------------------------------------------
+    def bind_output(
+        self,
+        name: str,
+        device_type: str = "cpu",
+        device_id: int = 0,
+        element_type: Any = None,
+        shape: Any = None,
+        buffer_ptr: int | None = None,
+    ) -> None:
+        self._check_output(name)
+        if buffer_ptr is not None:
+            if element_type is None or shape is None:
+                raise InvalidArgument(
+                    f"bind_output('{name}'): a buffer needs element_type and shape"
+                )
+            dt = _as_dtype(element_type)
+            shape = tuple(int(d) for d in shape)
+            if device_type.lower() == "cpu":
+                from ..framework.memory import host_view
+
+                self._outputs[name] = OrtValue(host_view(int(buffer_ptr), shape, dt, None))
+            else:
+                d = self._session._env.find_device(device_type, device_id)
+                self._outputs[name] = OrtValue(
+                    DeviceTensor(d.memory_info.device, dt, shape, int(buffer_ptr), None)
+                )
+            return
+        if device_type.lower() == "cpu":
+            self._outputs[name] = CPU
+        else:
+            self._outputs[name] = self._session._env.find_device(
+                device_type, device_id
+            ).memory_info.device
+
+    def bind_ortvalue_output(self, name: str, ortvalue: OrtValue) -> None:
+        self._check_output(name)
+        self._outputs[name] = ortvalue
+
+    def _check_output(self, name: str) -> None:
+        if name not in self._session._output_index:
+            raise InvalidArgument(
+                f"Invalid output name: {name}. The model's outputs are {self._session._output_names}"
+            )
+
+    def clear_binding_outputs(self) -> None:
+        self._outputs.clear()
+        self._results = []
+
+    def synchronize_outputs(self) -> None:
+        for ep in self._session._eps:
+            ep.sync()
+
+    def get_outputs(self) -> list[OrtValue]:
+        return list(self._results)
+
+    def get_outputs_as_ortvaluevector(self) -> list[OrtValue]:
+        return list(self._results)
+
+    def copy_outputs_to_cpu(self) -> list[Any]:
+        return [to_numpy(unwrap(v)) for v in self._results]
+
+    # running --------------------------------------------------------------------------------
+    def _run(self, run_options: Any) -> None:
+        sess = self._session
+        feeds = sess._prepare_feeds(self._inputs)
+        outs = sess._run_values(feeds, run_options)
+        names = list(self._outputs) or sess._output_names
+        env = sess._env
+        results: list[OrtValue] = []
+        for name in names:
+            v = outs[sess._output_index[name]]
+            target = self._outputs.get(name)
+            if isinstance(target, OrtValue):
+                dst = unwrap(target)
+                src_shape = tuple(getattr(v, "shape", ()))
+                if tuple(dst.shape) != src_shape or dst.dtype != v.dtype:
+                    raise InvalidArgument(
+                        f"output '{name}' is {v.dtype}{list(src_shape)} but the bound value is "
+                        f"{dst.dtype}{list(dst.shape)}"
+                    )
+                if dst is not v:
+                    env.transfer_for(
+                        device_of(dst) if not device_of(dst).is_cpu else device_of(v)
+                    ).copy(v, dst)
+                results.append(target)
+            elif target is not None:
+                results.append(
+                    OrtValue(place(v, target, env.transfer, sess._allocators_for(target)))
+                )
+            else:
+                results.append(OrtValue(v))
+        self._results = results
+
+
+SessionIOBinding = IOBinding

@@ -1,0 +1,220 @@
+"""``OrtValue`` (alias ``Value``): a tensor, sequence, map or optional held by the runtime,
+on the host or in a provider's device memory, with onnxruntime's Python methods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..framework.memory import CPU, DeviceTensor, allocate_tensor
+from ..framework.stream import device_of
+from ..ir.types import elem_type_from_name, elem_type_of, np_dtype, tensor_type_str
+from .environment import get_environment
+
+
+def _as_dtype(element_type: Any) -> np.dtype:
+    if isinstance(element_type, str) and (
+        element_type.startswith("tensor(") or element_type.isalpha()
+    ):
+        try:
+            return np_dtype(elem_type_from_name(element_type))
+        except ValueError:
+            pass
+    if isinstance(element_type, int) and not isinstance(element_type, bool):
+        return np_dtype(element_type)
+    return np.dtype(element_type)
+
+
+def to_numpy(value: Any) -> Any:
+    """A host copy of a runtime value (tensors to numpy, sequences to lists)."""
+    if isinstance(value, DeviceTensor):
+        out = np.empty(value.shape, dtype=value.dtype)
+        get_environment().transfer_for(value.device).copy(value, out)
+        return out
+    if isinstance(value, list):
+        return [to_numpy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_numpy(v) for k, v in value.items()}
+    return value
+
+
+class OrtValue:
+    """A runtime value. Create with the ``ortvalue_from_*`` static methods."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any):
+        self._value = value
+
+    # construction ---------------------------------------------------------------------------
+    @staticmethod
+    def ortvalue_from_numpy(
+        numpy_obj: Any, device_type: str = "cpu", device_id: int = 0, vendor_id: int = -1
+    ) -> OrtValue:
+        arr = numpy_obj if isinstance(numpy_obj, np.ndarray) else np.asarray(numpy_obj)
+        if device_type.lower() == "cpu":
+            return OrtValue(arr)
+        env = get_environment()
+        alloc, _ = env.allocator_for_device(device_type, device_id)
+        t = allocate_tensor(alloc, arr.shape, arr.dtype)
+        env.transfer.copy(np.ascontiguousarray(arr), t)
+        return OrtValue(t)
+
+    @staticmethod
+    def ortvalue_from_numpy_with_onnx_type(data: Any, onnx_element_type: int) -> OrtValue:
+        return OrtValue(np.asarray(data).view(np_dtype(onnx_element_type)))
+
+    @staticmethod
+    def ortvalue_from_shape_and_type(
+        shape: Any,
+        element_type: Any = np.float32,
+        device_type: str = "cpu",
+        device_id: int = 0,
+        vendor_id: int = -1,
+    ) -> OrtValue:
+        dt = _as_dtype(element_type)
+        shape = tuple(int(d) for d in shape)
+        if device_type.lower() == "cpu":
+            return OrtValue(np.zeros(shape, dtype=dt))
+        alloc, _ = get_environment().allocator_for_device(device_type, device_id)
+        return OrtValue(allocate_tensor(alloc, shape, dt))
+
+    @staticmethod
+    def ortvalue_from_sequence(values: list[Any]) -> OrtValue:
+        return OrtValue([v._value if isinstance(v, OrtValue) else np.asarray(v) for v in values])
+
+    @staticmethod
+    def from_dlpack(data: Any, is_bool_tensor: bool = False) -> OrtValue:
+        dev = getattr(data, "__dlpack_device__", None)
+        if dev is not None and dev()[0] != 1:  # not kDLCPU: a provider must import it
+            env = get_environment()
+            for d in env.registry.ep_devices():
+                importer = getattr(d.factory, "tensor_from_dlpack", None)
+                if importer is not None:
+                    t = importer(data)
+                    if t is not None:
+                        return OrtValue(t)
+            raise InvalidArgument("no execution provider can import this DLPack device tensor")
+        arr = np.from_dlpack(data)
+        if is_bool_tensor and arr.dtype != np.bool_:
+            arr = arr.astype(np.bool_)
+        return OrtValue(arr)
+
+    # introspection --------------------------------------------------------------------------
+    def _tensor(self) -> Any:
+        if not isinstance(self._value, (np.ndarray, DeviceTensor)):
+            raise InvalidArgument(f"the value is a {self._kind()}, not a tensor")
+        return self._value
+
+    def _kind(self) -> str:
+        v = self._value
+        if v is None:
+            return "empty optional"
+        if isinstance(v, list):
+            return "sequence"
+        if isinstance(v, dict):
+            return "map"
+        return "tensor"
+
+    def is_tensor(self) -> bool:
+        return isinstance(self._value, (np.ndarray, DeviceTensor))
+
+    def is_tensor_sequence(self) -> bool:
+        return isinstance(self._value, list)
+
+    def is_sparse_tensor(self) -> bool:
+        return False
+
+    def has_value(self) -> bool:
+        return self._value is not None
+
+    def shape(self) -> list[int]:
+        return list(self._tensor().shape)
+
+    def data_type(self) -> str:
+        v = self._value
+        if isinstance(v, list):
+            inner = tensor_type_str(v[0].dtype) if v else "tensor(float)"
+            return f"seq({inner})"
+        return tensor_type_str(self._tensor().dtype)
+
+    def element_type(self) -> int:
+        return elem_type_of(self._tensor().dtype)
+
+    def device_name(self) -> str:
+        return device_of(self._value).type if self.is_tensor() else "cpu"
+
+    def device(self) -> Any:
+        return device_of(self._value)
+
+    def data_ptr(self) -> int:
+        t = self._tensor()
+        if isinstance(t, DeviceTensor):
+            return t.ptr
+        return int(t.ctypes.data)
+
+    def numpy(self) -> Any:
+        v = self._value
+        if isinstance(v, (list, dict)) or v is None:
+            return to_numpy(v)
+        return to_numpy(self._tensor())
+
+    def as_sparse_tensor(self) -> Any:
+        raise InvalidArgument("the value is not a sparse tensor")
+
+    # mutation -------------------------------------------------------------------------------
+    def update_inplace(self, np_arr: Any) -> None:
+        """Copy ``np_arr`` into this tensor's memory (same shape and dtype), on any device."""
+        t = self._tensor()
+        src = np.ascontiguousarray(np_arr)
+        if tuple(src.shape) != tuple(t.shape) or src.dtype != t.dtype:
+            raise InvalidArgument(
+                f"update_inplace: got {src.dtype}{list(src.shape)}, the value is "
+                f"{t.dtype}{list(t.shape)}"
+            )
+        if isinstance(t, np.ndarray):
+            np.copyto(t, src)
+        else:
+            get_environment().transfer_for(t.device).copy(src, t)
+
+    # DLPack -----------------------------------------------------------------------------------
+    def to_dlpack(self) -> Any:
+        t = self._tensor()
+        if isinstance(t, np.ndarray):
+            return t.__dlpack__()
+        env = get_environment()
+        d = env.find_device(t.device.type, t.device.id)
+        exporter = getattr(d.factory, "tensor_to_dlpack", None)
+        if exporter is None:
+            raise InvalidArgument(f"execution provider '{d.ep_name}' cannot export DLPack tensors")
+        return exporter(t)
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        t = self._tensor()
+        if isinstance(t, np.ndarray):
+            return t.__dlpack__()
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        t = self._tensor()
+        if isinstance(t, np.ndarray):
+            return (1, 0)
+        return (2 if t.device.type == "cuda" else 1, t.device.id)
+
+    def __repr__(self) -> str:
+        v = self._value
+        if self.is_tensor():
+            return f"OrtValue({self.data_type()}, shape={self.shape()}, device={device_of(v)})"
+        return f"OrtValue({self._kind()})"
+
+
+Value = OrtValue
+
+
+def unwrap(value: Any) -> Any:
+    return value._value if isinstance(value, OrtValue) else value
+
+
+__all__ = ["CPU", "OrtValue", "Value", "to_numpy", "unwrap"]

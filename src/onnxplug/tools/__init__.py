@@ -1,0 +1,1 @@
+"""Developer tools shipped with the package: the conformance harness, parity report."""
