@@ -164,7 +164,7 @@ class GraphRunner:
         for key, make in plan.stream_factories.items():
             f.streams[key] = make()
         notes: dict[int, Any] = {}
-        for step_idx, waits in plan.waits.items():
+        for waits in plan.waits.values():
             for prod, key in waits:
                 if prod not in notes:
                     notes[prod] = f.streams[key].create_notification()
@@ -290,7 +290,7 @@ class GraphRunner:
         self, rec: _Recorder
     ) -> tuple[dict[tuple[int, int], tuple[Device, int, int]], dict[Device, int]]:
         by_device: dict[Device, list[tuple[int, int, int, int]]] = {}
-        for k, (step, index, dev, nbytes) in enumerate(rec.allocs):
+        for k, (step, _index, dev, nbytes) in enumerate(rec.allocs):
             if k in rec.escaped:
                 continue
             size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN

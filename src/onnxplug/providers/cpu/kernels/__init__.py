@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import functools
 import importlib
+import pkgutil
 
 from onnxplug.ep import IfKernel, KernelRegistry, LoopKernel, ScanKernel
 
 from .reference import register_reference_kernels
 
 NAME = "CPUExecutionProvider"
-# Modules of native kernels; each defines ``register(registry)``.
-NATIVE_MODULES: tuple[str, ...] = ()
+
+
+def native_modules() -> list[str]:
+    """Every module of this package but ``reference`` holds native kernels and defines
+    ``register(registry)``; they are registered in name order."""
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    return sorted(n for n in names if n != "reference")
 
 
 @functools.cache
@@ -23,6 +29,6 @@ def cpu_registry() -> KernelRegistry:
     reg.kernel("If", since=1)(IfKernel)
     reg.kernel("Loop", since=1)(LoopKernel)
     reg.kernel("Scan", since=8)(ScanKernel)
-    for mod in NATIVE_MODULES:
+    for mod in native_modules():
         importlib.import_module(f"{__name__}.{mod}").register(reg)
     return reg

@@ -1,0 +1,1 @@
+"""The onnxplug command line."""
