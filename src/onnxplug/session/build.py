@@ -286,7 +286,12 @@ def build_runner(
                 allocators[ep.device] = ctx.allocator_for(ep, ep.device)
         in_slots = tuple(slot(x) if x else -1 for x in actual)
         out_slots = tuple(slot(o) if o else -1 for o in n.outputs)
-        implicit = tuple(slot(x) for x in n.implicit_inputs)
+        # An outer-scope value a subgraph reads may be an initializer of this graph (e.g. a
+        # Constant the optimizer turned into one) that no node here reads directly: it still
+        # needs its constant slot.
+        implicit = tuple(
+            slot(value_on(x, CPU) if x in graph.initializers else x) for x in n.implicit_inputs
+        )
         foldable = False
         if (
             ep.device.is_cpu
