@@ -1,0 +1,302 @@
+"""The ``onnxplug`` command, run in-process through ``main(argv)``.
+
+Each subcommand's output is checked for the facts it promises (shapes, values, assignment
+summary, latency, counts), and every user error must come out as one line on stderr with a
+non-zero exit status and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import onnxplug as ox
+from onnxplug.cli.main import demo_model_path, demo_reference, main, provider_entries
+from onnxplug.tools import parity
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def add_model(tmp_path):
+    """A model with a symbolic batch dim and an int64 input: y = x + 1, n = Shape(x)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "one"], ["y"]),
+            helper.make_node("Shape", ["x"], ["n"]),
+            helper.make_node("Identity", ["k"], ["k_out"]),
+        ],
+        "add_one",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("k", TensorProto.INT64, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("n", TensorProto.INT64, [2]),
+            helper.make_tensor_value_info("k_out", TensorProto.INT64, [2]),
+        ],
+        initializer=[helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "add_one.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _one_error_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("onnxplug: error: ")
+    return lines[0]
+
+
+# demo -----------------------------------------------------------------------------------------
+
+
+def test_demo_model_is_shipped_and_small():
+    path = demo_model_path()
+    assert path.is_file()
+    assert path.stat().st_size < 16 * 1024
+    onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+
+
+def test_demo_prints_shapes_values_assignment_and_timing(capsys):
+    rc, out, err = run_cli(capsys, "demo", "--runs", "5")
+    assert rc == 0, err
+    assert "input  image: tensor(float) [N, 1, 8, 8]" in out
+    assert "output probabilities: tensor(float) [N, 10]" in out
+    assert "probabilities [2, 10]" in out
+    assert re.search(r"image 0: class \d \(p=0\.\d{4}\)", out)
+    assert "(ok)" in out  # agrees with the numpy reference
+    assert re.search(r"CPUExecutionProvider\s+6 nodes", out)
+    assert "copies: none" in out
+    assert re.search(r"first run [\d.]+ ms; over 5 runs median [\d.]+ ms", out)
+
+
+def test_demo_reference_matches_the_runtime():
+    path = demo_model_path()
+    x = np.random.default_rng(3).standard_normal((3, 1, 8, 8)).astype(np.float32)
+    got = ox.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"image": x}
+    )[0]
+    ref = demo_reference(path, x)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ref.sum(axis=1), 1.0, rtol=1e-9)
+
+
+# run ------------------------------------------------------------------------------------------
+
+
+def test_run_random_inputs_symbolic_dims_and_output_dir(capsys, add_model, tmp_path):
+    out_dir = tmp_path / "outs"
+    rc, out, err = run_cli(
+        capsys,
+        "run",
+        str(add_model),
+        "--dim",
+        "batch=4",
+        "--runs",
+        "3",
+        "--output-dir",
+        str(out_dir),
+    )
+    assert rc == 0, err
+    assert "feed   x: random, shape [4, 3] float32" in out
+    assert "feed   k: random, shape [2] int64" in out
+    assert "y: shape [4, 3] float32" in out
+    assert "n: shape [2] int64: [4, 3]" in out
+    assert re.search(r"CPUExecutionProvider\s+3 nodes", out)
+    assert re.search(r"p90 [\d.]+ ms", out)
+    y = np.load(out_dir / "y.npy")
+    assert y.shape == (4, 3)
+    np.testing.assert_array_equal(np.load(out_dir / "n.npy"), [4, 3])
+
+
+def test_run_symbolic_dims_default_to_one(capsys, add_model):
+    rc, out, _ = run_cli(capsys, "run", str(add_model), "--runs", "0")
+    assert rc == 0
+    assert "n: shape [2] int64: [1, 3]" in out
+    assert "latency: first run" in out
+
+
+def test_run_with_input_file_and_provider_option(capsys, add_model, tmp_path):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "x.npy", x)
+    rc, out, err = run_cli(
+        capsys,
+        "run",
+        str(add_model),
+        "--input",
+        f"x={tmp_path / 'x.npy'}",
+        "--provider",
+        "CPUExecutionProvider",
+        "--output-dir",
+        str(tmp_path),
+    )
+    assert rc == 0, err
+    assert "feed   x: from file, shape [2, 3] float32" in out
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), x + 1)
+
+
+def test_provider_entries():
+    assert provider_entries(["CPUExecutionProvider"], None) == ["CPUExecutionProvider"]
+    assert provider_entries(["CPUExecutionProvider"], ["CPUExecutionProvider:a=1"]) == [
+        ("CPUExecutionProvider", {"a": "1"})
+    ]
+    assert provider_entries(None, None) == ox.get_available_providers()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["run", "missing.onnx"], "no such model file"),
+        (["run", "{model}", "--provider", "NoSuchExecutionProvider"], "NoSuchExecutionProvider"),
+        (["run", "{model}", "--provider-option", "CPUExecutionProvider:x"], "name=value"),
+        (["run", "{model}", "--provider-option", "OtherEP:a=1"], "not among the session's"),
+        (["run", "{model}", "--input", "nope=x.npy"], "has no input 'nope'"),
+        (["run", "{model}", "--input", "x=/no/such/file.npy"], "no such file"),
+        (["run", "{model}", "--input", "x"], "name=value"),
+        (["run", "{model}", "--dim", "batch=two"], "not an integer"),
+        (["run", "{model}", "--runs", "-2"], "--runs"),
+        (["demo", "--batch", "0"], "--batch"),
+        (["conformance", "--pattern", "("], "regular expression"),
+        (["parity", "--provider", "NoSuchExecutionProvider"], "NoSuchExecutionProvider"),
+    ],
+)
+def test_errors_are_one_line(capsys, add_model, argv, needle):
+    argv = [a.replace("{model}", str(add_model)) for a in argv]
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc == 1
+    assert needle in _one_error_line(err)
+
+
+def test_runtime_error_is_one_line(capsys, add_model, tmp_path):
+    np.save(tmp_path / "bad.npy", np.zeros((2, 3, 4), np.float32))
+    rc, _, err = run_cli(capsys, "run", str(add_model), "--input", f"x={tmp_path / 'bad.npy'}")
+    assert rc == 1
+    assert "INVALID_ARGUMENT" in _one_error_line(err)
+
+
+def test_traceback_flag_reraises(add_model):
+    with pytest.raises(ox.errors.InvalidArgument):
+        main(["--traceback", "run", str(add_model), "--provider", "NoSuchExecutionProvider"])
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert ox.__version__ in capsys.readouterr().out
+
+
+# providers, parity, conformance -----------------------------------------------------------------
+
+
+def test_providers_lists_devices_and_load_errors(capsys):
+    rc, out, _ = run_cli(capsys, "providers")
+    assert rc == 0
+    assert "available providers:" in out and "CPUExecutionProvider" in out
+    assert "CPUExecutionProvider (onnxplug) on CPU:0" in out
+    assert "ep options:" in out
+    assert "plugins that failed to load:" in out
+
+
+def test_providers_shows_a_plugin_that_failed(capsys):
+    from onnxplug.ep.loader import REGISTRY
+
+    name = "BrokenTestExecutionProvider"
+    # what discovery records for an entry point whose module does not import
+    REGISTRY._load(name, "no_such_module_for_onnxplug:create_factory", "entry_point")
+    try:
+        rc, out, _ = run_cli(capsys, "providers")
+    finally:
+        ox.unregister_execution_provider_library(name)
+    assert rc == 0
+    assert f"{name}: failed to load; from entry_point" in out
+    failed = out.split("plugins that failed to load:")[1]
+    assert name in failed and "no_such_module_for_onnxplug" in failed
+    assert name not in ox.get_available_providers()
+
+
+def test_parity_reports_every_op_and_totals(capsys, tmp_path):
+    out_json = tmp_path / "parity.json"
+    rc, out, err = run_cli(capsys, "parity", "--json", str(out_json))
+    assert rc == 0, err
+    assert "CPUExecutionProvider: domain ai.onnx of onnx" in out
+    assert re.search(r"^\s+Add\s+1,6,7,13,14\s+", out, re.M)
+    assert re.search(r"totals: \d+ ops: \d+ full, \d+ partial, \d+ without a kernel", out)
+    data = json.loads(out_json.read_text())
+    assert data[0]["provider"] == "CPUExecutionProvider"
+    assert data[0]["totals"]["schema_versions"] > 500
+
+
+def test_parity_gaps_only_hides_full_ops(capsys):
+    rc, out, _ = run_cli(capsys, "parity", "--provider", "CPUExecutionProvider", "--gaps")
+    assert rc == 0
+    rows = [
+        line for line in out.splitlines()[2:] if not line.lstrip().startswith(("totals", "kernels"))
+    ]
+    assert all(" full " not in row for row in rows)
+
+
+class _FakeRegistry:
+    """A registry with Add for opsets 7-12 only and Relu everywhere."""
+
+    def kernel_defs(self):
+        return [ox.ep.KernelDef("Add", "", 7, 12), ox.ep.KernelDef("Relu", "", 1, None)]
+
+
+def test_parity_compare_finds_version_gaps():
+    pp = parity.compare(_FakeRegistry(), "FakeEP")  # type: ignore[arg-type]
+    ops = {op.op_type: op for op in pp.ops}
+    add = ops["Add"]
+    assert add.status == "partial"
+    assert add.kernel_ranges == [(7, 12)]
+    assert add.gaps == [1, 6, 13, 14]
+    assert "v13 (opsets 13)" in parity.format_gaps(add, pp.max_opset)
+    assert "v14 (opsets 14-" in parity.format_gaps(add, pp.max_opset)
+    assert ops["Relu"].status == "full"
+    assert ops["Conv"].status == "none"
+    # LayerNormalization has a function body: no kernel, but expandable
+    assert set(ops["LayerNormalization"].version_status.values()) == {parity.FUNCTION}
+    t = pp.totals()
+    assert t["ops_full"] == 1 and t["ops_partial"] == 1
+    assert t["versions_kernel"] == 1 + len(ops["Relu"].schema_versions)
+
+
+def test_parity_merge_ranges():
+    KD = ox.ep.KernelDef
+    assert parity.merge_ranges([KD("A", "", 1, 5), KD("A", "", 6, 9), KD("A", "", 13)]) == [
+        (1, 9),
+        (13, None),
+    ]
+    assert parity.merge_ranges([KD("A", "", 1), KD("A", "", 7, 9)]) == [(1, None)]
+    # the same start with an open and a closed end (a native kernel over a reference one)
+    assert parity.merge_ranges([KD("A", "", 6), KD("A", "", 6, 12)]) == [(6, None)]
+    assert parity.format_ranges([(1, 9), (13, None)]) == "1-9,13+"
+
+
+def test_conformance_subset(capsys, tmp_path):
+    out_json = tmp_path / "conf.json"
+    rc, out, err = run_cli(
+        capsys, "conformance", "--pattern", r"^test_(relu|abs|neg)$", "--json", str(out_json), "-v"
+    )
+    assert rc == 0, err
+    assert "passed=3" in out
+    assert "pass_rate=" in out
+    cases = json.loads(out_json.read_text())["cases"]
+    assert sorted(c["name"] for c in cases) == ["test_abs", "test_neg", "test_relu"]
