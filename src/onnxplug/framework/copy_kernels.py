@@ -24,8 +24,14 @@ class CopyKernel(Kernel):
 
     def compute(self, ctx: KernelContext) -> None:
         src: Any = ctx.input(0)
-        if isinstance(src, list):
-            raise TypeError("sequences cannot cross devices yet")
+        if isinstance(src, list):  # a sequence crosses element by element
+            from .control_flow import place
+            from .memory import CPU, MemType
+
+            alloc = self.info.get_allocator(MemType.DEFAULT)
+            dev = CPU if self.to_host or alloc is None else alloc.memory_info.device
+            ctx.set_output(0, [place(t, dev, self.transfer, {dev: alloc}, ctx.stream) for t in src])
+            return
         if self.to_host:
             if not isinstance(src, DeviceTensor):  # already on the host
                 ctx.set_output(0, src)

@@ -259,7 +259,7 @@ def build_runner(
     for n, a, actual in steps_nodes:
         if a is None:  # a copy node
             owner = ctx.by_name[n.ep]
-            kernel = CopyKernel(_copy_info(n, owner), ctx.transfer)
+            kernel = CopyKernel(_copy_info(n, owner, ctx), ctx.transfer)
             info = kernel.info
             out_devs = (location[n.outputs[0]] or CPU,)
             ep = owner
@@ -392,8 +392,9 @@ def _allocators(ctx: BuildContext, dev: Device) -> dict[Device, Any]:
     return {dev: ctx.allocator_for(_ep_for_device(ctx, dev), dev)}
 
 
-def _copy_info(node: Node, ep: Ep) -> KernelInfo:
-    return KernelInfo(node, _COPY_DEF, ep, [None], [None], {})
+def _copy_info(node: Node, ep: Ep, ctx: BuildContext) -> KernelInfo:
+    allocs = {} if ep.device.is_cpu else {MemType.DEFAULT: ctx.allocator_for(ep, ep.device)}
+    return KernelInfo(node, _COPY_DEF, ep, [None], [None], {}, None, allocs)
 
 
 def _kernel_info(node: Node, a: Assignment, graph: Graph, ctx: BuildContext) -> KernelInfo:

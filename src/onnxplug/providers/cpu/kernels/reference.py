@@ -24,6 +24,8 @@ _DOMAIN_MODULES = {
 }
 # Ops the host implements itself (subgraphs are executed by the runtime, not the reference).
 _SKIP = {("", "If"), ("", "Loop"), ("", "Scan")}
+# Ops that read only their input's shape: the input is never copied to the host for them.
+_SHAPE_ONLY = {("", "Shape"), ("", "Size")}
 
 
 def _run_params(opsets: dict[str, int]) -> dict[str, Any]:
@@ -100,4 +102,7 @@ def register_reference_kernels(registry: KernelRegistry) -> None:
                 continue
             for since, until, cls in _ranges(versions):
                 kernel_cls = type(f"Ref{op_type}_{since}", (ReferenceKernel,), {"op_class": cls})
-                registry.kernel(op_type, domain=domain, since=since, until=until)(kernel_cls)
+                shape_only = (0,) if (domain, op_type) in _SHAPE_ONLY else ()
+                registry.kernel(
+                    op_type, domain=domain, since=since, until=until, shape_only_inputs=shape_only
+                )(kernel_cls)

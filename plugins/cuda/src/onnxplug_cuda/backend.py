@@ -1,0 +1,85 @@
+"""Array backends the CUDA kernels compute with.
+
+Kernels are written against an array namespace ``xp`` plus a few hooks, so that the same
+kernel code runs on the GPU (``CupyBackend``: zero-copy CuPy views of the provider's
+memory, CuPy running on the provider's stream and allocating through its allocator) and,
+for testing kernel logic on machines without a GPU, on host memory (``sim.NumpyBackend``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import Allocator, Device, DeviceTensor
+
+# numpy dtypes CuPy cannot compute with; kernels move them as same-size integers.
+_STORAGE_AS = {"bfloat16": np.dtype(np.uint16)}
+
+
+class CupyBackend:
+    """CuPy on one CUDA device."""
+
+    def __init__(self, ordinal: int, device: Device):
+        import cupy
+
+        self.xp = cupy
+        self.ordinal = ordinal
+        self.device = device
+        self._tls = threading.local()
+        self._cupy_device = cupy.cuda.Device(ordinal)
+
+    # views -----------------------------------------------------------------------------------
+    def view(self, t: DeviceTensor) -> Any:
+        """A CuPy array over a tensor's memory (no copy). bfloat16 is viewed as uint16."""
+        cp = self.xp
+        dt = _STORAGE_AS.get(t.dtype.name, t.dtype)
+        mem = cp.cuda.UnownedMemory(t.ptr, max(t.nbytes, 1), t, self.ordinal)
+        return cp.ndarray(t.shape, dt, cp.cuda.MemoryPointer(mem, 0))
+
+    def wrap(self, arr: Any, dtype: Any = None) -> DeviceTensor:
+        """A DeviceTensor over a CuPy array's memory (made C-contiguous first)."""
+        cp = self.xp
+        if not arr.flags.c_contiguous:
+            arr = cp.ascontiguousarray(arr)
+        dt = np.dtype(dtype) if dtype is not None else arr.dtype
+        return DeviceTensor(self.device, dt, arr.shape, int(arr.data.ptr), arr)
+
+    # per-run state ---------------------------------------------------------------------------
+    def activate(self, stream: Any) -> None:
+        """Make ``stream`` CuPy's current stream on this thread (cheap when it already is)."""
+        tls = self._tls
+        if getattr(tls, "stream", None) is not stream:
+            tls.stream = stream
+            stream.cupy_stream.use()
+
+    def enter_run(self, allocator: Allocator) -> Any:
+        """Route CuPy's allocations on this thread to ``allocator``; returns a restore token."""
+        cp = self.xp
+        mem = cp.cuda.memory
+        prev_alloc = mem._get_thread_local_allocator()
+        prev_stream = cp.cuda.get_current_stream()
+
+        def malloc(size: int, device_id: int) -> int:
+            stream = getattr(self._tls, "stream", None)
+            if stream is not None:
+                return allocator.alloc_on_stream(size, stream)
+            return allocator.alloc(size)
+
+        def free(ptr: int, device_id: int) -> None:
+            allocator.free(ptr)
+
+        mem._set_thread_local_allocator(cp.cuda.PythonFunctionAllocator(malloc, free).malloc)
+        self._tls.stream = None
+        return prev_alloc, prev_stream
+
+    def exit_run(self, token: Any) -> None:
+        prev_alloc, prev_stream = token
+        self.xp.cuda.memory._set_thread_local_allocator(prev_alloc)
+        prev_stream.use()
+        self._tls.stream = None
+
+    def synchronize(self) -> None:
+        self._cupy_device.synchronize()

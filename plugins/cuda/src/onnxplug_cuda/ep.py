@@ -1,0 +1,189 @@
+"""The CUDA provider's per-session EP: options, capability, streams, runs."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import (
+    Allocator,
+    Device,
+    Ep,
+    EpDevice,
+    GraphView,
+    KernelRegistry,
+    MemoryInfo,
+    SessionConfig,
+)
+
+from .options import CudaOptions, parse_options
+
+NAME = "CUDAExecutionProvider"
+
+# Ops left to the CPU provider when they only compute shapes: their inputs are small host
+# tensors and their consumers read them on the host (Reshape's shape, Expand's shape, ...).
+SHAPE_OPS = frozenset({"Shape", "Size"})
+_SHAPE_MATH_OPS = frozenset(
+    {
+        "Gather",
+        "Concat",
+        "Unsqueeze",
+        "Squeeze",
+        "Slice",
+        "Cast",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Equal",
+        "Where",
+        "Range",
+        "ConstantOfShape",
+        "Reshape",
+        "ReduceProd",
+        "Max",
+        "Min",
+        "Identity",
+        "Neg",
+        "Mod",
+        "Floor",
+        "Ceil",
+        "Sqrt",
+        "Expand",
+        "Not",
+        "Less",
+        "Greater",
+        "Abs",
+        "ScatterND",
+        "Tile",
+    }
+)
+_INT_TYPES = (np.dtype(np.int64), np.dtype(np.int32))
+
+
+class CudaEp(Ep):
+    name = NAME
+
+    def __init__(
+        self, factory: Any, ep_device: EpDevice, config: SessionConfig, options: CudaOptions
+    ):
+        super().__init__(factory, ep_device, config)
+        self.name = factory.name
+        self.options = options
+        self.ordinal = int(ep_device.ep_metadata.get("cuda_device_id", options.device_id))
+        self.device: Device = ep_device.memory_info.device
+        self.backend = factory.backend_for(self.ordinal)
+        self._unified: Any = None
+        self._lock = threading.Lock()
+        self._streams: list[Any] = []
+        self._external: Allocator | None = None
+        self._run_tokens = threading.local()
+        for w in options.warnings:
+            warnings.warn(f"{self.name}: {w}", stacklevel=2)
+
+    # partitioning -------------------------------------------------------------------------------
+    def get_kernel_registry(self) -> KernelRegistry:
+        return self.factory.kernel_registry(self.options)
+
+    def get_capability(self, graph: GraphView) -> list[Any]:
+        claimed = [n for n in graph.nodes if graph.lookup_kernel(n) is not None]
+        cpu_preferred = self._cpu_preferred(graph)
+        return [n for n in claimed if id(n) not in cpu_preferred]
+
+    def _cpu_preferred(self, graph: GraphView) -> set[int]:
+        """Shape computations stay on the host: Shape/Size, and integer ops whose inputs are
+        all shapes or constants (no device round trip for Reshape's shape and the like)."""
+        host_values: set[str] = set(graph.graph.initializers)
+        preferred: set[int] = set()
+        for n in graph.nodes:
+            if n.domain != "":
+                continue
+            if n.op_type in SHAPE_OPS:
+                preferred.add(id(n))
+                host_values.update(o for o in n.outputs if o)
+                continue
+            if n.op_type not in _SHAPE_MATH_OPS:
+                continue
+            ins = [i for i in n.inputs if i]
+            if not ins or not all(i in host_values for i in ins):
+                continue
+            if all(i in graph.graph.initializers for i in ins):
+                continue  # constant folding's job, or a real computation on constants
+            outs = graph.output_dtypes(n)
+            if all(dt in _INT_TYPES or dt == np.dtype(np.bool_) for dt in outs if dt is not None):
+                preferred.add(id(n))
+                host_values.update(o for o in n.outputs if o)
+        return preferred
+
+    # memory and streams -------------------------------------------------------------------------
+    def get_allocator(self, mem_info: MemoryInfo) -> Allocator | None:
+        o = self.options
+        if o.uses_external_allocator and mem_info.device == self.device:
+            if self._external is None:
+                from .memory import ExternalDeviceAllocator
+
+                self._external = ExternalDeviceAllocator(
+                    mem_info, o.gpu_external_alloc, o.gpu_external_free, o.gpu_external_empty_cache
+                )
+            return self._external
+        return None
+
+    def create_sync_stream(self) -> Any:
+        o = self.options
+        if o.unified_stream:
+            with self._lock:
+                if self._unified is None:
+                    user = o.user_compute_stream if o.has_user_compute_stream else None
+                    if user is None and o.uses_external_allocator:
+                        user = 0  # onnxruntime: external allocator runs on the default stream
+                    self._unified = self.factory.create_stream(self, user)
+                return self._unified
+        s = self.factory.create_stream(self, None)
+        with self._lock:
+            self._streams.append(s)
+        return s
+
+    def is_concurrent_run_supported(self) -> bool:
+        return not self.options.unified_stream
+
+    def sync(self) -> None:
+        self.factory.synchronize(self.ordinal)
+
+    # runs ---------------------------------------------------------------------------------------
+    def on_run_start(self, run_options: Any) -> None:
+        alloc = self.factory.run_allocator(self)
+        self._run_tokens.token = self.backend.enter_run(alloc)
+
+    def on_run_end(self, run_options: Any, sync_stream: bool) -> None:
+        token = getattr(self._run_tokens, "token", None)
+        if token is not None:
+            self._run_tokens.token = None
+            self.backend.exit_run(token)
+
+    def get_provider_options(self) -> dict[str, str]:
+        out = self.options.as_strings()
+        out["device_id"] = str(self.ordinal)
+        return out
+
+    def release(self) -> None:
+        with self._lock:
+            streams, self._streams = self._streams, []
+            if self._unified is not None:
+                streams.append(self._unified)
+                self._unified = None
+        for s in streams:
+            s.close()
+
+
+def create_ep(factory: Any, devices: list[EpDevice], config: SessionConfig) -> CudaEp:
+    from onnxplug.ep import InvalidArgument
+
+    if len(devices) != 1:
+        raise InvalidArgument(
+            f"{factory.name} supports exactly one device per session provider, got {len(devices)}"
+        )
+    options = parse_options(dict(config.items()), factory.name)
+    return CudaEp(factory, devices[0], config, options)

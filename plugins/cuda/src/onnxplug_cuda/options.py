@@ -1,0 +1,283 @@
+"""The CUDA provider's options: one table of keys, defaults and validation rules.
+
+Options arrive as session config entries. For each key the first entry present wins, in
+onnxruntime's order: ``ep.<lowercased provider name>.<key>`` (what ``providers=[(name, {...})]``
+and ``add_provider_for_devices`` write), then the legacy ``ep.cuda.<key>``, then the flat
+``<key>``; aliases (e.g. ``cudnn_conv_algo``) are looked up the same way. A malformed value
+is an error naming the key and the accepted values — stricter than onnxruntime, which logs
+and keeps the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from onnxplug.ep import InvalidArgument
+
+SIZE_MAX = (1 << 64) - 1
+
+
+def _bool(key: str, v: str) -> bool:
+    s = v.strip().lower()
+    if s in ("1", "true"):
+        return True
+    if s in ("0", "false"):
+        return False
+    raise InvalidArgument(
+        f"CUDA provider option '{key}': '{v}' is not a boolean; use 0, 1, true or false"
+    )
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, str], int]:
+    def parse(key: str, v: str) -> int:
+        try:
+            n = int(v.strip(), 0)
+        except ValueError:
+            raise InvalidArgument(
+                f"CUDA provider option '{key}': '{v}' is not an integer"
+            ) from None
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+            raise InvalidArgument(f"CUDA provider option '{key}': {n} is outside {rng}")
+        return n
+
+    return parse
+
+
+def _enum(names: Mapping[str, int]) -> Callable[[str, str], int]:
+    def parse(key: str, v: str) -> int:
+        s = v.strip()
+        for name, num in names.items():
+            if s.lower() == name.lower() or s == str(num):
+                return num
+        accepted = ", ".join(f"{n} ({i})" for n, i in names.items())
+        raise InvalidArgument(f"CUDA provider option '{key}': '{v}' is not one of {accepted}")
+
+    return parse
+
+
+def _pointer(key: str, v: str) -> int:
+    try:
+        n = int(v.strip(), 0)
+    except ValueError:
+        raise InvalidArgument(
+            f"CUDA provider option '{key}': '{v}' is not an address (a decimal or 0x integer)"
+        ) from None
+    if n < 0:
+        raise InvalidArgument(f"CUDA provider option '{key}': an address cannot be negative")
+    return n
+
+
+def _mem_limit(key: str, v: str) -> int:
+    s = v.strip()
+    if s.startswith("-"):
+        raise InvalidArgument(f"CUDA provider option '{key}': a memory limit cannot be negative")
+    n = _int(0, SIZE_MAX)(key, s)
+    return SIZE_MAX if n == 0 else n  # onnxruntime treats 0 as unlimited
+
+
+CONV_ALGO_SEARCH = {"EXHAUSTIVE": 0, "HEURISTIC": 1, "DEFAULT": 2}
+ARENA_EXTEND_STRATEGY = {"kNextPowerOfTwo": 0, "kSameAsRequested": 1}
+SDPA_KERNEL_BITS = (
+    511  # FLASH 1 | EFFICIENT 2 | TRT_FUSED 4 | CUDNN_FLASH 8 | MATH 16 | TRT_* 32..128 | LEAN 256
+)
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    key: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    aliases: tuple[str, ...] = ()
+    flat: bool = True  # also accept the bare key (not only ep.<name>. / ep.cuda.)
+    doc: str = ""
+
+
+SPECS: tuple[OptionSpec, ...] = (
+    OptionSpec("device_id", _int(0), 0, doc="CUDA device ordinal (selects the EP device)"),
+    OptionSpec(
+        "gpu_mem_limit",
+        _mem_limit,
+        SIZE_MAX,
+        aliases=("cuda_mem_limit",),
+        doc="device arena limit in bytes",
+    ),
+    OptionSpec(
+        "arena_extend_strategy", _enum(ARENA_EXTEND_STRATEGY), 0, doc="how the device arena grows"
+    ),
+    OptionSpec(
+        "cudnn_conv_algo_search",
+        _enum(CONV_ALGO_SEARCH),
+        0,
+        aliases=("cudnn_conv_algo",),
+        doc="cuDNN conv algorithm search",
+    ),
+    OptionSpec("do_copy_in_default_stream", _bool, True, doc="copies on the compute stream"),
+    OptionSpec(
+        "cudnn_conv_use_max_workspace", _bool, True, doc="let cuDNN use the largest workspace"
+    ),
+    OptionSpec("cudnn_conv1d_pad_to_nc1d", _bool, False, doc="pad 1-D conv input to [N,C,1,D]"),
+    OptionSpec("enable_cuda_graph", _bool, False, doc="capture and replay CUDA graphs"),
+    OptionSpec("enable_skip_layer_norm_strict_mode", _bool, False, doc="SkipLayerNorm strict mode"),
+    OptionSpec(
+        "prefer_nhwc", _bool, False, aliases=("prefer_nhwc_layout",), doc="prefer NHWC layout"
+    ),
+    OptionSpec("use_ep_level_unified_stream", _bool, False, doc="one stream for every run"),
+    OptionSpec("use_tf32", _bool, True, doc="allow TF32 math for float32"),
+    OptionSpec("fuse_conv_bias", _bool, False, doc="fuse Conv+bias(+activation) in cuDNN"),
+    OptionSpec("sdpa_kernel", _int(0, SDPA_KERNEL_BITS), 0, doc="attention backend bitmask"),
+    OptionSpec(
+        "has_user_compute_stream",
+        _bool,
+        False,
+        doc="user_compute_stream is set (0 is a valid stream)",
+    ),
+    OptionSpec("user_compute_stream", _pointer, 0, doc="run on this cudaStream_t (address)"),
+    OptionSpec("gpu_external_alloc", _pointer, 0, doc="external allocator: void* alloc(size_t)"),
+    OptionSpec("gpu_external_free", _pointer, 0, doc="external allocator: void free(void*)"),
+    OptionSpec(
+        "gpu_external_empty_cache", _pointer, 0, doc="external allocator: void empty_cache()"
+    ),
+    OptionSpec(
+        "enable_cudnn", _bool, True, doc="use cuDNN; 0 leaves cuDNN-only ops to other providers"
+    ),
+    OptionSpec(
+        "min_num_runs_before_cuda_graph_capture",
+        _int(0),
+        2,
+        flat=False,
+        doc="regular runs before capture",
+    ),
+    OptionSpec("tunable_op_enable", _bool, False, doc="use TunableOp"),
+    OptionSpec("tunable_op_tuning_enable", _bool, False, doc="tune online"),
+    OptionSpec("tunable_op_max_tuning_duration_ms", _int(0), 0, doc="tuning time limit"),
+)
+SPEC_BY_KEY = {s.key: s for s in SPECS}
+
+
+@dataclass(frozen=True)
+class CudaOptions:
+    device_id: int = 0
+    gpu_mem_limit: int = SIZE_MAX
+    arena_extend_strategy: int = 0
+    cudnn_conv_algo_search: int = 0
+    do_copy_in_default_stream: bool = True
+    cudnn_conv_use_max_workspace: bool = True
+    cudnn_conv1d_pad_to_nc1d: bool = False
+    enable_cuda_graph: bool = False
+    enable_skip_layer_norm_strict_mode: bool = False
+    prefer_nhwc: bool = False
+    use_ep_level_unified_stream: bool = False
+    use_tf32: bool = True
+    fuse_conv_bias: bool = False
+    sdpa_kernel: int = 0
+    has_user_compute_stream: bool = False
+    user_compute_stream: int = 0
+    gpu_external_alloc: int = 0
+    gpu_external_free: int = 0
+    gpu_external_empty_cache: int = 0
+    enable_cudnn: bool = True
+    min_num_runs_before_cuda_graph_capture: int = 2
+    tunable_op_enable: bool = False
+    tunable_op_tuning_enable: bool = False
+    tunable_op_max_tuning_duration_ms: int = 0
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def uses_external_allocator(self) -> bool:
+        return bool(self.gpu_external_alloc and self.gpu_external_free)
+
+    @property
+    def unified_stream(self) -> bool:
+        """One stream for all runs: forced by a user stream, an external allocator or graphs."""
+        return (
+            self.use_ep_level_unified_stream
+            or self.has_user_compute_stream
+            or self.uses_external_allocator
+            or self.enable_cuda_graph
+        )
+
+    def as_strings(self) -> dict[str, str]:
+        """Effective values, as ``get_provider_options()`` reports them."""
+        out = {}
+        for f in fields(self):
+            if f.name == "warnings":
+                continue
+            v = getattr(self, f.name)
+            if f.name == "cudnn_conv_algo_search":
+                v = next(k for k, n in CONV_ALGO_SEARCH.items() if n == v)
+            elif f.name == "arena_extend_strategy":
+                v = next(k for k, n in ARENA_EXTEND_STRATEGY.items() if n == v)
+            elif isinstance(v, bool):
+                v = "1" if v else "0"
+            out[f.name] = str(v)
+        return out
+
+
+def lookup(
+    config: Mapping[str, str], provider_name: str, spec: OptionSpec
+) -> tuple[str, str] | None:
+    """(key found, value) for ``spec`` in the session config, in precedence order."""
+    prefixes = [f"ep.{provider_name.lower()}.", "ep.cuda."]
+    for name in (spec.key, *spec.aliases):
+        for p in prefixes:
+            if p + name in config:
+                return p + name, config[p + name]
+    if spec.flat:
+        for name in (spec.key, *spec.aliases):
+            if name in config:
+                return name, config[name]
+    return None
+
+
+def parse_options(config: Mapping[str, str], provider_name: str) -> CudaOptions:
+    """Parse and cross-validate the CUDA options found in ``config``."""
+    values: dict[str, Any] = {}
+    for spec in SPECS:
+        hit = lookup(config, provider_name, spec)
+        if hit is not None:
+            values[spec.key] = spec.parse(hit[0], hit[1])
+    _reject_unknown(config, provider_name)
+    warnings: list[str] = []
+    if values.get("user_compute_stream") and "has_user_compute_stream" not in values:
+        values["has_user_compute_stream"] = True
+    if values.get("has_user_compute_stream") and "user_compute_stream" not in values:
+        raise InvalidArgument(
+            "CUDA provider option 'has_user_compute_stream' is 1 but 'user_compute_stream' is not set"
+        )
+    ext = [bool(values.get("gpu_external_alloc")), bool(values.get("gpu_external_free"))]
+    if any(ext) and not all(ext):
+        raise InvalidArgument(
+            "CUDA provider options 'gpu_external_alloc' and 'gpu_external_free' must be set together"
+        )
+    if values.get("gpu_external_empty_cache") and not all(ext):
+        raise InvalidArgument(
+            "CUDA provider option 'gpu_external_empty_cache' needs 'gpu_external_alloc' and 'gpu_external_free'"
+        )
+    if values.get("has_user_compute_stream") and all(ext):
+        raise InvalidArgument(
+            "CUDA provider options 'user_compute_stream' and 'gpu_external_alloc'/'gpu_external_free' "
+            "cannot be combined (as in onnxruntime)"
+        )
+    if values.get("tunable_op_tuning_enable") and not values.get("tunable_op_enable"):
+        warnings.append(
+            "TunableOp is enabled for tuning but is not enabled for using. This will have no effect."
+        )
+    return CudaOptions(**values, warnings=tuple(warnings))
+
+
+_KNOWN = {name for s in SPECS for name in (s.key, *s.aliases)}
+
+
+def _reject_unknown(config: Mapping[str, str], provider_name: str) -> None:
+    """Unknown keys under the provider's own prefix are typos: name them."""
+    prefix = f"ep.{provider_name.lower()}."
+    for key in config:
+        if key.startswith(prefix):
+            name = key[len(prefix) :]
+            if name not in _KNOWN and not name.startswith("arena."):
+                raise InvalidArgument(
+                    f"unknown CUDA provider option '{name}'; known options: {', '.join(sorted(_KNOWN))}"
+                )

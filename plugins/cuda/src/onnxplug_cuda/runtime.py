@@ -1,0 +1,113 @@
+"""Access to the CUDA runtime through ``cuda.bindings`` (imported lazily, so the plugin can be
+imported, and report "no device", on machines without CUDA)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from onnxplug.ep import EPFail
+
+
+@functools.cache
+def cudart() -> Any:
+    from cuda.bindings import runtime
+
+    return runtime
+
+
+class CudaError(EPFail):
+    pass
+
+
+def check(result: Any, what: str) -> Any:
+    """Unpack a cuda.bindings result tuple, raising CudaError with the call named."""
+    err = result[0]
+    if int(err) != 0:
+        rt = cudart()
+        try:
+            _, name = rt.cudaGetErrorName(err)
+            _, text = rt.cudaGetErrorString(err)
+            msg = f"{name.decode()}: {text.decode()}"
+        except Exception:
+            msg = str(err)
+        raise CudaError(f"{what} failed: {msg}")
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+@dataclass(frozen=True)
+class CudaDeviceInfo:
+    ordinal: int
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+    multiprocessors: int
+
+
+_probe_lock = threading.Lock()
+_probe: tuple[list[CudaDeviceInfo], str | None] | None = None
+
+
+def probe_devices() -> tuple[list[CudaDeviceInfo], str | None]:
+    """The visible CUDA devices (CUDA_VISIBLE_DEVICES is honoured by the driver), or
+    ([], reason) when there is no usable driver/runtime."""
+    global _probe
+    with _probe_lock:
+        if _probe is not None:
+            return _probe
+        try:
+            rt = cudart()
+        except Exception as e:
+            _probe = ([], f"cuda.bindings is not importable ({type(e).__name__}: {e})")
+            return _probe
+        err, count = rt.cudaGetDeviceCount()
+        if int(err) != 0:
+            _, name = rt.cudaGetErrorName(err)
+            _probe = ([], f"cudaGetDeviceCount failed: {name.decode()} (no GPU or no driver)")
+            return _probe
+        devices = []
+        for i in range(count):
+            props = check(rt.cudaGetDeviceProperties(i), "cudaGetDeviceProperties")
+            name = props.name
+            name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+            devices.append(
+                CudaDeviceInfo(
+                    i,
+                    name.rstrip("\x00"),
+                    props.major,
+                    props.minor,
+                    props.totalGlobalMem,
+                    props.multiProcessorCount,
+                )
+            )
+        reason = None if devices else "no CUDA device is visible"
+        if not devices and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            reason += f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r})"
+        _probe = (devices, reason)
+        return _probe
+
+
+class DeviceGuard:
+    """Switch the current device for a block and restore the caller's afterwards."""
+
+    __slots__ = ("ordinal", "prev")
+
+    def __init__(self, ordinal: int):
+        self.ordinal = ordinal
+        self.prev = -1
+
+    def __enter__(self) -> None:
+        rt = cudart()
+        self.prev = check(rt.cudaGetDevice(), "cudaGetDevice")
+        if self.prev != self.ordinal:
+            check(rt.cudaSetDevice(self.ordinal), "cudaSetDevice")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.prev != self.ordinal and self.prev >= 0:
+            cudart().cudaSetDevice(self.prev)

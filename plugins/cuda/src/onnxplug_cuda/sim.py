@@ -1,0 +1,148 @@
+"""A host-simulated CUDA device, for testing the CUDA kernels' logic where there is no GPU.
+
+``CUDASimExecutionProvider`` is the CUDA provider with its GPU parts swapped for host ones:
+memory is host memory behind a counting allocator, ``xp`` is numpy instead of CuPy, streams
+run work immediately, and GEMM/convolution use the backends' numpy paths. Partitioning,
+placement, copies, kernel registration and each kernel's shape and indexing logic are the
+real ones. It proves nothing about CUDA itself: the GPU tests do that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import (
+    Allocator,
+    DataTransfer,
+    Device,
+    DeviceTensor,
+    HostAllocator,
+    MemoryInfo,
+    SyncNotification,
+    SyncStream,
+)
+
+from .factory import CudaEpFactory
+from .runtime import CudaDeviceInfo
+
+SIM_NAME = "CUDASimExecutionProvider"
+SIM_TYPE = "cudasim"
+
+
+class SimNotification(SyncNotification):
+    def __init__(self, producer: SimStream):
+        self.producer = producer
+        self.sync_id = 0
+
+    def activate(self) -> None:
+        self.sync_id = self.producer.next_sync_id()
+
+    def wait_on_device(self, consumer: SyncStream) -> None:
+        consumer.record_wait(self.producer, self.sync_id)
+
+    def wait_on_host(self) -> None:
+        pass
+
+
+class SimStream(SyncStream):
+    """Work runs at once on the host, so there is nothing to wait for."""
+
+    def __init__(self, device: Device):
+        super().__init__(device)
+        self.closed = False
+
+    def create_notification(self) -> SimNotification:
+        return SimNotification(self)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class NumpyBackend:
+    def __init__(self, ordinal: int, device: Device):
+        self.xp = np
+        self.ordinal = ordinal
+        self.device = device
+
+    def view(self, t: DeviceTensor) -> np.ndarray:
+        return t.host_array()
+
+    def wrap(self, arr: Any, dtype: Any = None) -> DeviceTensor:
+        arr = np.ascontiguousarray(arr)
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            arr = arr.view(dtype)
+        return DeviceTensor(
+            self.device, arr.dtype, arr.shape, int(arr.ctypes.data) if arr.size else 0, arr
+        )
+
+    def activate(self, stream: Any) -> None:
+        pass
+
+    def enter_run(self, allocator: Allocator) -> Any:
+        return None
+
+    def exit_run(self, token: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class SimTransfer(DataTransfer):
+    def can_copy(self, src: Device, dst: Device) -> bool:
+        types = {src.type, dst.type}
+        return types <= {"cpu", SIM_TYPE} and SIM_TYPE in types
+
+    def copy_tensors(self, pairs: list[tuple[Any, Any]], stream: SyncStream | None) -> None:
+        for src, dst in pairs:
+            s = src.host_array() if isinstance(src, DeviceTensor) else np.asarray(src)
+            d = dst.host_array() if isinstance(dst, DeviceTensor) else dst
+            np.copyto(d, s.reshape(d.shape))
+
+
+class CudaSimEpFactory(CudaEpFactory):
+    name = SIM_NAME
+    vendor = "onnxplug"
+    device_type = SIM_TYPE
+
+    def probe(self) -> tuple[list[CudaDeviceInfo], str | None]:
+        return [CudaDeviceInfo(0, "host-simulated CUDA device", 9, 0, 1 << 34, 1)], None
+
+    def backend_for(self, ordinal: int) -> Any:
+        with self._lock:
+            b = self._backends.get(ordinal)
+            if b is None:
+                b = self._backends[ordinal] = NumpyBackend(ordinal, self._device(ordinal))
+            return b
+
+    def _device(self, ordinal: int) -> Device:
+        return Device(SIM_TYPE, ordinal, host_accessible=True)
+
+    def get_supported_devices(self, hardware: list[Any]) -> list[Any]:
+        devs = super().get_supported_devices(hardware)
+        for d in devs:
+            d.memory_info = MemoryInfo("Cuda", self._device(d.device.device_id))
+        return devs
+
+    def create_stream(self, ep: Any, user_handle: int | None) -> SimStream:
+        return SimStream(ep.device)
+
+    def _make_allocator(self, memory_info: MemoryInfo) -> Allocator | None:
+        if memory_info.name == "Cuda":
+            return HostAllocator(memory_info)
+        return None
+
+    def create_data_transfer(self) -> SimTransfer:
+        return SimTransfer()
+
+    def synchronize(self, ordinal: int) -> None:
+        pass
+
+
+def create_factory() -> CudaSimEpFactory:
+    return CudaSimEpFactory()

@@ -1,0 +1,149 @@
+"""CUDA streams with their own cuBLASLt and cuDNN handles, and event-based notifications."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnxplug.ep import Device, SyncNotification, SyncStream
+
+from .runtime import DeviceGuard, check, cudart
+
+
+class CudaNotification(SyncNotification):
+    __slots__ = ("event", "producer", "sync_id")
+
+    def __init__(self, producer: CudaSyncStream):
+        rt = cudart()
+        self.producer = producer
+        with DeviceGuard(producer.ordinal):
+            self.event = check(
+                rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags"
+            )
+        self.sync_id = 0
+
+    def activate(self) -> None:
+        self.sync_id = self.producer.next_sync_id()
+        check(cudart().cudaEventRecord(self.event, self.producer.handle), "cudaEventRecord")
+
+    def wait_on_device(self, consumer: SyncStream) -> None:
+        check(cudart().cudaStreamWaitEvent(consumer.handle, self.event, 0), "cudaStreamWaitEvent")
+        consumer.record_wait(self.producer, self.sync_id)
+
+    def wait_on_host(self) -> None:
+        check(cudart().cudaEventSynchronize(self.event), "cudaEventSynchronize")
+
+    def __del__(self) -> None:
+        try:
+            cudart().cudaEventDestroy(self.event)
+        except Exception:
+            pass
+
+
+class CudaSyncStream(SyncStream):
+    """A CUDA stream (owned, or the user's) and the library handles bound to it."""
+
+    def __init__(
+        self,
+        device: Device,
+        ordinal: int,
+        user_handle: int | None = None,
+        enable_cudnn: bool = True,
+        on_close: Any = None,
+    ):
+        super().__init__(device)
+        self.ordinal = ordinal
+        self.owned = user_handle is None
+        self.enable_cudnn = enable_cudnn
+        self._on_close = on_close
+        if self.owned:
+            rt = cudart()
+            with DeviceGuard(ordinal):
+                s = check(
+                    rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking),
+                    "cudaStreamCreateWithFlags",
+                )
+            self._handle = int(s)
+        else:
+            self._handle = int(user_handle or 0)
+        self._cublaslt: Any = None
+        self._cudnn: Any = None
+        self._cupy: Any = None
+        self.closed = False
+
+    @property
+    def handle(self) -> int:
+        return self._handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self._handle)
+
+    # library handles, created on first use ------------------------------------------------------
+    @property
+    def cublaslt(self) -> Any:
+        if self._cublaslt is None:
+            from nvmath.bindings import cublasLt
+
+            with DeviceGuard(self.ordinal):
+                self._cublaslt = cublasLt.create()
+        return self._cublaslt
+
+    @property
+    def cudnn(self) -> Any:
+        if self._cudnn is None:
+            if not self.enable_cudnn:
+                raise RuntimeError("cuDNN is disabled (enable_cudnn=0)")
+            import cudnn
+
+            with DeviceGuard(self.ordinal):
+                h = cudnn.create_handle()
+                cudnn.set_stream(handle=h, stream=self._handle)
+            self._cudnn = h
+        return self._cudnn
+
+    @property
+    def cupy_stream(self) -> Any:
+        if self._cupy is None:
+            import cupy
+
+            self._cupy = cupy.cuda.Stream.from_external(self)
+        return self._cupy
+
+    # protocol -------------------------------------------------------------------------------------
+    def create_notification(self) -> CudaNotification:
+        return CudaNotification(self)
+
+    def is_capturing(self) -> bool:
+        rt = cudart()
+        status = check(rt.cudaStreamIsCapturing(self._handle), "cudaStreamIsCapturing")
+        return int(status) != 0
+
+    def flush(self) -> None:
+        if not self.owned and self.is_capturing():
+            return  # never synchronise a user's stream while it captures a graph
+        check(cudart().cudaStreamSynchronize(self._handle), "cudaStreamSynchronize")
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            cudart().cudaStreamSynchronize(self._handle)
+        except Exception:
+            pass
+        if self._on_close is not None:
+            self._on_close(self._handle)
+        if self._cublaslt is not None:
+            from nvmath.bindings import cublasLt
+
+            cublasLt.destroy(self._cublaslt)
+            self._cublaslt = None
+        if self._cudnn is not None:
+            try:
+                import cudnn
+
+                cudnn.destroy_handle(self._cudnn)
+            except Exception:
+                pass
+            self._cudnn = None
+        if self.owned and self._handle:
+            cudart().cudaStreamDestroy(self._handle)

@@ -1,0 +1,124 @@
+"""Host <-> device <-> device copies on a stream, staged through pinned memory.
+
+Host-to-device copies go through a reusable pinned staging buffer, so ``cudaMemcpyAsync`` is
+truly asynchronous; the buffer is reused only after the event of its previous copy has
+completed. Device-to-host copies land in the pinned buffer and are copied out after the stream
+has reached them. Without a stream, copies complete before returning.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import DataTransfer, Device, DeviceTensor, SyncStream
+
+from .runtime import check, cudart
+
+_STAGING_MIN = 1 << 20
+_DIRECT_BELOW = 1 << 16  # small host copies skip the staging buffer
+
+
+class _Staging:
+    """One growable pinned buffer with the event of its last use."""
+
+    def __init__(self) -> None:
+        self.ptr = 0
+        self.size = 0
+        self.event: Any = None
+        self.lock = threading.Lock()
+
+    def ensure(self, nbytes: int) -> None:
+        rt = cudart()
+        if self.event is not None:
+            check(rt.cudaEventSynchronize(self.event), "cudaEventSynchronize")
+        if nbytes <= self.size:
+            return
+        if self.ptr:
+            rt.cudaFreeHost(self.ptr)
+        size = max(_STAGING_MIN, 1 << (nbytes - 1).bit_length())
+        self.ptr = int(check(rt.cudaHostAlloc(size, rt.cudaHostAllocDefault), "cudaHostAlloc"))
+        self.size = size
+        if self.event is None:
+            self.event = check(
+                rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags"
+            )
+
+    def view(self, nbytes: int) -> np.ndarray:
+        from onnxplug.ep import host_view
+
+        return host_view(self.ptr, (nbytes,), np.uint8, self)
+
+
+def _host_ptr(a: np.ndarray) -> int:
+    return int(a.ctypes.data)
+
+
+class CudaDataTransfer(DataTransfer):
+    def __init__(self, device_type: str = "cuda"):
+        self.device_type = device_type
+        self._staging = threading.local()
+
+    def can_copy(self, src: Device, dst: Device) -> bool:
+        t = self.device_type
+        return (src.type == t and dst.type in (t, "cpu")) or (src.type == "cpu" and dst.type == t)
+
+    def _stage(self) -> _Staging:
+        s = getattr(self._staging, "buf", None)
+        if s is None:
+            s = self._staging.buf = _Staging()
+        return s
+
+    def copy_tensors(self, pairs: list[tuple[Any, Any]], stream: SyncStream | None) -> None:
+        rt = cudart()
+        h = stream.handle if stream is not None else 0
+        kind = rt.cudaMemcpyKind.cudaMemcpyDefault
+        for src, dst in pairs:
+            if isinstance(src, DeviceTensor) and isinstance(dst, DeviceTensor):
+                n = src.nbytes
+                if n and src.ptr != dst.ptr:
+                    check(rt.cudaMemcpyAsync(dst.ptr, src.ptr, n, kind, h), "cudaMemcpyAsync(D2D)")
+                if stream is None:
+                    check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+            elif isinstance(dst, DeviceTensor):
+                self._h2d(np.ascontiguousarray(src), dst, h)
+            else:
+                self._d2h(src, dst, h)
+
+    def _h2d(self, src: np.ndarray, dst: DeviceTensor, h: int) -> None:
+        rt = cudart()
+        n = src.nbytes
+        if n == 0:
+            return
+        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        if n < _DIRECT_BELOW or h == 0:
+            # pageable source: the call returns once the source has been consumed
+            check(rt.cudaMemcpyAsync(dst.ptr, _host_ptr(src), n, kind, h), "cudaMemcpyAsync(H2D)")
+            if h == 0:
+                check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+            return
+        st = self._stage()
+        with st.lock:
+            st.ensure(n)
+            np.copyto(st.view(n), src.reshape(-1).view(np.uint8))
+            check(rt.cudaMemcpyAsync(dst.ptr, st.ptr, n, kind, h), "cudaMemcpyAsync(H2D)")
+            check(rt.cudaEventRecord(st.event, h), "cudaEventRecord")
+
+    def _d2h(self, src: DeviceTensor, dst: np.ndarray, h: int) -> None:
+        rt = cudart()
+        n = src.nbytes
+        if n == 0:
+            return
+        kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        if dst.flags.c_contiguous and (n < _DIRECT_BELOW or h == 0):
+            check(rt.cudaMemcpyAsync(_host_ptr(dst), src.ptr, n, kind, h), "cudaMemcpyAsync(D2H)")
+            check(rt.cudaStreamSynchronize(h), "cudaStreamSynchronize")
+            return
+        st = self._stage()
+        with st.lock:
+            st.ensure(n)
+            check(rt.cudaMemcpyAsync(st.ptr, src.ptr, n, kind, h), "cudaMemcpyAsync(D2H)")
+            check(rt.cudaStreamSynchronize(h), "cudaStreamSynchronize")
+            np.copyto(dst, st.view(n).view(src.dtype).reshape(src.shape))
