@@ -1,0 +1,97 @@
+"""The ONNX backend node suite on the CPU provider, against the checked-in expected failures.
+
+The suite runs once per module (about 20 s). The expected-failure list can only shrink: a
+listed case that passes fails this test until it is removed from the file.
+"""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from onnxplug.tools.conformance import (
+    XFAIL_FILE,
+    CaseResult,
+    check_xfail,
+    load_xfail,
+    run_suite,
+    summarize,
+    write_json,
+)
+
+PASS_RATE_FLOOR = 97.0
+EXPECTED_CASES = 1884  # node cases onnx 1.23 generates
+
+
+@pytest.fixture(scope="module")
+def results() -> list[CaseResult]:
+    return run_suite(["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def xfail() -> dict[str, str]:
+    data = json.loads(XFAIL_FILE.read_text())
+    if data["onnx_version"] != onnx.__version__:
+        pytest.skip(
+            f"{XFAIL_FILE.name} was made for onnx {data['onnx_version']}, "
+            f"installed is {onnx.__version__}"
+        )
+    return load_xfail()
+
+
+def test_xfail_file_is_well_formed() -> None:
+    data = json.loads(XFAIL_FILE.read_text())
+    assert set(data) == {"onnx_version", "cases"}
+    for name, reason in data["cases"].items():
+        assert name.startswith("test_"), name
+        assert isinstance(reason, str) and reason.strip(), f"{name} has no reason"
+        assert "\n" not in reason, f"{name}: the reason must be one line"
+
+
+def test_suite_size(results: list[CaseResult]) -> None:
+    if onnx.__version__.startswith("1.23."):
+        assert len(results) == EXPECTED_CASES
+    assert len(results) == len({r.name for r in results})
+    assert [r.name for r in results] == sorted(r.name for r in results)
+
+
+def test_every_case_not_listed_passes(results: list[CaseResult], xfail: dict[str, str]) -> None:
+    bad = check_xfail(results, xfail).unexpected_failures
+    report = "\n".join(f"{r.status} {r.name}: {r.message}" for r in bad)
+    assert not bad, f"{len(bad)} cases not in {XFAIL_FILE.name} failed:\n{report}"
+
+
+def test_every_listed_case_still_fails(results: list[CaseResult], xfail: dict[str, str]) -> None:
+    check = check_xfail(results, xfail)
+    assert not check.unexpected_passes, (
+        f"these cases pass now; remove them from {XFAIL_FILE.name}: {check.unexpected_passes}"
+    )
+    assert not check.not_run, f"{XFAIL_FILE.name} lists cases that do not exist: {check.not_run}"
+
+
+def test_pass_rate_floor(results: list[CaseResult]) -> None:
+    s = summarize(results)
+    assert s["pass_rate"] >= PASS_RATE_FLOOR, s
+
+
+def test_cases_run_on_the_cpu_provider(results: list[CaseResult]) -> None:
+    loaded = [r for r in results if r.status != "load_error"]
+    assert all(r.on_provider for r in loaded)
+
+
+def test_results_are_deterministic(results: list[CaseResult]) -> None:
+    # Random-output cases are the ones that could flip; a second run must agree exactly.
+    again = run_suite(["CPUExecutionProvider"], pattern="bernoulli|dropout|scatter")
+    first = {r.name: (r.status, r.message) for r in results}
+    assert again and all(first[r.name] == (r.status, r.message) for r in again)
+
+
+def test_json_report(results: list[CaseResult], tmp_path) -> None:
+    path = tmp_path / "conformance.json"
+    write_json(results, str(path), {"providers": ["CPUExecutionProvider"]})
+    data = json.loads(path.read_text())
+    assert data["summary"] == summarize(results)
+    assert [c["name"] for c in data["cases"]] == [r.name for r in results]
+    assert set(data["cases"][0]) == {"name", "status", "message", "ops", "on_provider"}
