@@ -19,6 +19,12 @@ from .runtime import DeviceGuard, check, cudart
 _UINT64_MAX = (1 << 64) - 1
 
 
+def _cuuint64(n: int):
+    from cuda.bindings import driver
+
+    return driver.cuuint64_t(n)
+
+
 class CudaDeviceAllocator(Allocator):
     def __init__(self, memory_info: MemoryInfo, ordinal: int, limit: int = _UINT64_MAX):
         self.memory_info = memory_info
@@ -46,7 +52,7 @@ class CudaDeviceAllocator(Allocator):
                 rt.cudaMemPoolSetAttribute(
                     self.pool,
                     rt.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold,
-                    rt.cuuint64_t(_UINT64_MAX),
+                    _cuuint64(_UINT64_MAX),
                 ),
                 "cudaMemPoolSetAttribute",
             )
