@@ -255,7 +255,10 @@ def main() -> int:
         if "error" in r:
             print(f"| {r['model']} | {r['batch']} | {r['dtype']} | ERROR: {r['error'][:80]} |")
             continue
-        f = lambda k: f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"  # noqa: E731
+
+        def f(k: str, r: dict[str, Any] = r) -> str:
+            return f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"
+
         err = f"{r['max_abs_err_tf32_0']:.2e} / {r['max_abs_err_tf32_1']:.2e}"
         print(
             f"| {r['model']} | {r['batch']} | {r['dtype']} | {f('onnxplug_run')} | {f('onnxplug_iobind')} | "
