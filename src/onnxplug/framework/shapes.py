@@ -6,6 +6,7 @@ logic lives here once (re-exported to plugins as ``onnxplug.ep.shapes``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -47,3 +48,257 @@ def size_of(shape: Sequence[int]) -> int:
     for d in shape:
         n *= int(d)
     return n
+
+
+def unidirectional_broadcastable(src: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether ``src`` broadcasts to ``target`` without changing it (Gemm's C, PRelu's slope)."""
+    try:
+        return broadcast_shapes(src, target) == tuple(target)
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolution and pooling geometry. Pads are ONNX-ordered: [begin_0, begin_1, ..., end_0, ...].
+
+
+def _spatial(values: Sequence[int] | None, n: int, default: int) -> list[int]:
+    return [int(v) for v in values] if values else [default] * n
+
+
+def _window_attrs(n: int, strides, dilations, pads) -> tuple[list[int], list[int], list[int]]:
+    """Strides, dilations and pads of ``n`` spatial dims with their defaults filled in."""
+    return _spatial(strides, n, 1), _spatial(dilations, n, 1), _spatial(pads, 2 * n, 0)
+
+
+def _split_pad(total: int, upper: bool) -> tuple[int, int]:
+    """(begin, end) of ``total`` padding; the odd pixel goes at the end when ``upper``."""
+    small, big = total // 2, total - total // 2
+    return (small, big) if upper else (big, small)
+
+
+def window_geometry(
+    in_spatial: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int] | None = None,
+    dilations: Sequence[int] | None = None,
+    pads: Sequence[int] | None = None,
+    auto_pad: str = "NOTSET",
+    ceil_mode: bool = False,
+) -> tuple[list[int], list[int]]:
+    """Output spatial shape and the pads actually applied, for Conv and the pooling ops.
+
+    SAME_* pads so that ``out = ceil(in / stride)`` (the odd pad goes at the end for
+    SAME_UPPER, at the beginning for SAME_LOWER); VALID pads nothing. With ``ceil_mode`` a last
+    window that would start in the end padding is dropped (onnx and PyTorch agree on that).
+    """
+    n = len(in_spatial)
+    strides, dilations, p = _window_attrs(n, strides, dilations, pads)
+    out: list[int] = []
+    for i in range(n):
+        size, k_eff, s = int(in_spatial[i]), (int(kernel[i]) - 1) * dilations[i] + 1, strides[i]
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-size // s)
+            total = max((o - 1) * s + k_eff - size, 0)
+            p[i], p[n + i] = _split_pad(total, auto_pad == "SAME_UPPER")
+        elif auto_pad == "VALID":
+            p[i] = p[n + i] = 0
+            o = (size - k_eff) // s + 1
+        else:
+            span = size + p[i] + p[n + i] - k_eff
+            o = (-(-span // s) if ceil_mode else span // s) + 1
+            if ceil_mode and (o - 1) * s >= size + p[i]:
+                o -= 1
+        if o < 1:
+            raise ValueError(
+                f"window {list(kernel)} (dilations {dilations}) does not fit input "
+                f"{list(in_spatial)} with pads {p}"
+            )
+        out.append(o)
+    return out, p
+
+
+def conv_transpose_geometry(
+    in_spatial: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int] | None = None,
+    dilations: Sequence[int] | None = None,
+    pads: Sequence[int] | None = None,
+    auto_pad: str = "NOTSET",
+    output_padding: Sequence[int] | None = None,
+    output_shape: Sequence[int] | None = None,
+) -> tuple[list[int], list[int]]:
+    """Output spatial shape and pads of ConvTranspose.
+
+    The full (unpadded) output of input size ``i`` is ``s*(i-1) + output_padding + k_eff``;
+    pads crop it. When ``output_shape`` is given (or auto_pad is SAME_*, where it is ``i*s``)
+    the crop is derived from it, the odd pixel going to the beginning except for SAME_UPPER.
+    """
+    n = len(in_spatial)
+    strides, dilations, p = _window_attrs(n, strides, dilations, pads)
+    out_pad = _spatial(output_padding, n, 0)
+    if output_shape:
+        output_shape = [int(v) for v in output_shape][-n:]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        output_shape = [int(in_spatial[i]) * strides[i] for i in range(n)]
+    out: list[int] = []
+    for i in range(n):
+        full = (
+            strides[i] * (int(in_spatial[i]) - 1)
+            + out_pad[i]
+            + (int(kernel[i]) - 1) * dilations[i]
+            + 1
+        )
+        if output_shape:
+            p[i], p[n + i] = _split_pad(full - output_shape[i], auto_pad == "SAME_UPPER")
+        out.append(full - p[i] - p[n + i])
+    return out, p
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor manipulation
+
+
+def reshape_shape(
+    in_shape: Sequence[int], target: Sequence[int], allowzero: bool = False
+) -> tuple[int, ...]:
+    """Reshape's output shape: 0 copies the input dim (unless ``allowzero``), -1 is inferred."""
+    out = [int(d) for d in target]
+    if not allowzero:
+        for i, d in enumerate(out):
+            if d == 0:
+                if i >= len(in_shape):
+                    raise ValueError(
+                        f"Reshape: 0 at index {i} but the input has rank {len(in_shape)}"
+                    )
+                out[i] = int(in_shape[i])
+    unknown = [i for i, d in enumerate(out) if d == -1]
+    if len(unknown) > 1:
+        raise ValueError(f"Reshape: more than one -1 in {list(target)}")
+    total = size_of(in_shape)
+    if unknown:
+        rest = size_of(d for d in out if d != -1)
+        if rest == 0 or total % rest:
+            raise ValueError(
+                f"Reshape: cannot infer -1 in {list(target)} for input {list(in_shape)}"
+            )
+        out[unknown[0]] = total // rest
+    if size_of(out) != total or any(d < 0 for d in out):
+        raise ValueError(f"Reshape: input {list(in_shape)} cannot take shape {list(target)}")
+    return tuple(out)
+
+
+def flatten_shape(in_shape: Sequence[int], axis: int) -> tuple[int, int]:
+    """Flatten's 2-D shape: dims before ``axis`` (in [-rank, rank]) and dims from it."""
+    rank = len(in_shape)
+    if not -rank <= axis <= rank:
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    axis = axis + rank if axis < 0 else axis
+    return size_of(in_shape[:axis]), size_of(in_shape[axis:])
+
+
+def squeeze_shape(in_shape: Sequence[int], axes: Sequence[int] | None) -> tuple[int, ...]:
+    """Drop ``axes`` (all size-1 dims when None); squeezing a dim that is not 1 is an error."""
+    if axes is None:
+        return tuple(d for d in in_shape if d != 1)
+    ax = set(normalize_axes(axes, len(in_shape)))
+    for a in ax:
+        if in_shape[a] != 1:
+            raise ValueError(f"Squeeze: dim {a} of {list(in_shape)} is not 1")
+    return tuple(d for i, d in enumerate(in_shape) if i not in ax)
+
+
+def unsqueeze_shape(in_shape: Sequence[int], axes: Sequence[int]) -> tuple[int, ...]:
+    """Insert size-1 dims at ``axes`` (indices into the output rank)."""
+    rank = len(in_shape) + len(axes)
+    ax = set(normalize_axes(axes, rank))
+    it = iter(in_shape)
+    return tuple(1 if i in ax else next(it) for i in range(rank))
+
+
+def split_sizes(dim: int, n_outputs: int, split: Sequence[int] | None = None) -> list[int]:
+    """Sizes of Split's outputs: ``split`` as given, else equal parts, the last one smaller
+    when ``dim`` does not divide evenly (Split-18's num_outputs)."""
+    if split is not None and len(split):
+        sizes = [int(s) for s in split]
+        if sum(sizes) != dim or any(s < 0 for s in sizes):
+            raise ValueError(f"Split: sizes {sizes} do not add up to dim {dim}")
+        return sizes
+    part = -(-dim // n_outputs)
+    sizes = [part] * (n_outputs - 1) + [dim - part * (n_outputs - 1)]
+    if sizes[-1] < 0:
+        raise ValueError(f"Split: dim {dim} cannot be split into {n_outputs} outputs")
+    return sizes
+
+
+def slice_ranges(
+    shape: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    axes: Sequence[int] | None = None,
+    steps: Sequence[int] | None = None,
+) -> list[tuple[int, int, int]]:
+    """Slice's normalized (start, stop, step) per dim, clamped like ONNX (and Python) do.
+
+    ``stop`` may be -1 for a negative step that runs to the beginning; the output size of a dim
+    is ``max(0, ceil((stop - start) / step))``.
+    """
+    rank = len(shape)
+    out = [(0, int(d), 1) for d in shape]
+    axes = list(range(len(starts))) if axes is None or not len(axes) else list(axes)
+    steps = [1] * len(starts) if steps is None or not len(steps) else list(steps)
+    for a, s, e, st in zip(normalize_axes(axes, rank), starts, ends, steps):
+        dim, s, e, st = int(shape[a]), int(s), int(e), int(st)
+        if st == 0:
+            raise ValueError("Slice: step cannot be 0")
+        s = s + dim if s < 0 else s
+        e = e + dim if e < 0 else e
+        if st > 0:
+            s, e = min(max(s, 0), dim), min(max(e, 0), dim)
+        else:
+            s, e = min(max(s, 0), dim - 1), min(max(e, -1), dim - 1)
+        out[a] = (s, e, st)
+    return out
+
+
+def pad_widths(
+    rank: int, pads: Sequence[int], axes: Sequence[int] | None = None
+) -> list[tuple[int, int]]:
+    """Pad's per-dim (begin, end) from ONNX pads (all begins then all ends) over ``axes``."""
+    axes = list(range(rank)) if axes is None or not len(axes) else normalize_axes(axes, rank)
+    if len(pads) != 2 * len(axes):
+        raise ValueError(f"Pad: {len(pads)} pads for {len(axes)} axes")
+    out = [(0, 0)] * rank
+    for i, a in enumerate(axes):
+        out[a] = (int(pads[i]), int(pads[len(axes) + i]))
+    return out
+
+
+def shape_range(rank: int, start: int = 0, end: int | None = None) -> tuple[int, int]:
+    """Shape-15's [start, end) over the dims, clamped to [0, rank]."""
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
+    return start, max(start, end)
+
+
+def reduce_axes(
+    axes: Sequence[int] | None, rank: int, noop_with_empty_axes: bool = False
+) -> tuple[int, ...] | None:
+    """The axes a Reduce op reduces: all when none are given (None when that is a no-op)."""
+    if axes is None or not len(axes):
+        return None if noop_with_empty_axes else tuple(range(rank))
+    return tuple(sorted(normalize_axes(axes, rank)))
+
+
+def coerced_2d(shape: Sequence[int], axis: int) -> tuple[int, int]:
+    """(rows, cols) of the 2-D view opset<13 Softmax/LogSoftmax/Hardmax work on."""
+    return flatten_shape(shape, axis)
+
+
+def range_length(start: float, limit: float, delta: float) -> int:
+    """Range's element count: max(ceil((limit - start) / delta), 0)."""
+    if delta == 0:
+        raise ValueError("Range: delta cannot be 0")
+    if isinstance(start, int) and isinstance(limit, int) and isinstance(delta, int):
+        return max(-((start - limit) // delta), 0)
+    return max(int(math.ceil((limit - start) / delta)), 0)

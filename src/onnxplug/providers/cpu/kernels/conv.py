@@ -1,0 +1,189 @@
+"""Convolution CPU kernels: Conv (1-D/2-D/3-D, groups, dilations, auto_pad) and ConvTranspose.
+
+Conv is a GEMM per group on BLAS: a 1x1 convolution multiplies the weights with the input
+as it lies; a general one first gathers the windows (im2col) through a strided view of the
+padded input, one copy. Depthwise convolutions (one input channel per group) would be a
+GEMM with K = kernel size, which BLAS does badly: they accumulate one kernel tap at a time
+instead. ConvTranspose is the adjoint: a GEMM to columns, then each tap's columns are added
+into the (strided) output positions they came from (col2im).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
+
+from .activation import wide
+
+
+def pad_spatial(x: np.ndarray, pads: list[int], value: float = 0) -> np.ndarray:
+    """``x`` (N, C, *spatial) with ONNX pads [begins..., ends...] added around the spatial dims."""
+    n = x.ndim - 2
+    if not any(pads):
+        return x
+    out = np.full(
+        x.shape[:2] + tuple(d + pads[i] + pads[n + i] for i, d in enumerate(x.shape[2:])),
+        value,
+        dtype=x.dtype,
+    )
+    out[
+        (
+            slice(None),
+            slice(None),
+            *(slice(pads[i], pads[i] + d) for i, d in enumerate(x.shape[2:])),
+        )
+    ] = x
+    return out
+
+
+def tap_slices(kernel, strides, dilations, out_spatial):
+    """For every kernel tap, the spatial slices of the padded input it reads for all outputs."""
+    ranges = [range(k) for k in kernel]
+    for tap in itertools.product(*ranges):
+        yield tuple(
+            slice(t * d, t * d + (o - 1) * s + 1, s)
+            for t, d, s, o in zip(tap, dilations, strides, out_spatial)
+        )
+
+
+def windows(xp: np.ndarray, kernel, strides, dilations, out_spatial) -> np.ndarray:
+    """A view (N, C, *kernel, *out) of the padded input: element [.., k, o] is the input that
+    kernel tap k reads for output o."""
+    n = len(kernel)
+    st = xp.strides
+    return np.lib.stride_tricks.as_strided(
+        xp,
+        shape=xp.shape[:2] + tuple(kernel) + tuple(out_spatial),
+        strides=st[:2]
+        + tuple(st[2 + i] * dilations[i] for i in range(n))
+        + tuple(st[2 + i] * strides[i] for i in range(n)),
+        writeable=False,
+    )
+
+
+class ConvBase(Kernel):
+    """The attributes Conv and ConvTranspose share."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.group = int(info.attr("group", 1))
+        self.auto_pad = info.attr("auto_pad", "NOTSET")
+        self.kernel_shape = info.attr("kernel_shape")
+        self.strides = info.attr("strides")
+        self.dilations = info.attr("dilations")
+        self.pads = info.attr("pads")
+
+    def window(self, w: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+        """Kernel shape, strides and dilations with defaults (the kernel from the weights)."""
+        n = w.ndim - 2
+        kernel = list(self.kernel_shape or w.shape[2:])
+        return kernel, list(self.strides or [1] * n), list(self.dilations or [1] * n)
+
+
+class Conv(ConvBase):
+    def compute(self, ctx: KernelContext) -> None:
+        x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
+        dtype = x.dtype
+        x, w = wide(x), wide(w)
+        n_sp = x.ndim - 2
+        kernel, strides, dilations = self.window(w)
+        out_sp, pads = shapes.window_geometry(
+            x.shape[2:], kernel, strides, dilations, self.pads, self.auto_pad
+        )
+        N, C = x.shape[:2]
+        M, G = w.shape[0], self.group
+        if C != w.shape[1] * G or M % G:
+            raise ValueError(f"Conv: input {x.shape}, weights {w.shape} and group {G} disagree")
+        P = math.prod(out_sp)
+        if w.shape[1] == 1 and M == G and G > 1:
+            y = self.depthwise(pad_spatial(x, pads), w, kernel, strides, dilations, out_sp)
+        else:
+            cols = self.columns(x, pads, kernel, strides, dilations, out_sp)
+            cols = cols.reshape(N, G, -1, P)
+            y = np.matmul(w.reshape(G, M // G, -1), cols).reshape(N, M, *out_sp)
+        if b is not None:
+            y += b.reshape((M,) + (1,) * n_sp)
+        ctx.set_output(0, y.astype(dtype, copy=False))
+
+    @staticmethod
+    def columns(x, pads, kernel, strides, dilations, out_sp) -> np.ndarray:
+        """(N, C * prod(kernel), prod(out)) columns; a view of x for an unpadded 1x1 kernel."""
+        N, C = x.shape[:2]
+        if all(k == 1 for k in kernel) and not any(pads):
+            if any(s != 1 for s in strides):
+                x = x[(slice(None), slice(None), *(slice(None, None, s) for s in strides))]
+            return x.reshape(N, C, -1)
+        view = windows(pad_spatial(x, pads), kernel, strides, dilations, out_sp)
+        return view.reshape(N, C * math.prod(kernel), -1)
+
+    @staticmethod
+    def depthwise(xp, w, kernel, strides, dilations, out_sp) -> np.ndarray:
+        """One input channel per output channel: sum over taps of weight * shifted input."""
+        N, C = xp.shape[:2]
+        wf = w.reshape(C, -1)
+        bshape = (C,) + (1,) * len(kernel)
+        y = np.zeros((N, C, *out_sp), dtype=xp.dtype)
+        tmp = np.empty_like(y)
+        for t, sl in enumerate(tap_slices(kernel, strides, dilations, out_sp)):
+            np.multiply(xp[(slice(None), slice(None), *sl)], wf[:, t].reshape(bshape), out=tmp)
+            y += tmp
+        return y
+
+
+class ConvTranspose(ConvBase):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.output_padding = info.attr("output_padding")
+        self.output_shape = info.attr("output_shape")
+
+    def compute(self, ctx: KernelContext) -> None:
+        x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
+        dtype = x.dtype
+        x, w = wide(x), wide(w)
+        n_sp = x.ndim - 2
+        kernel, strides, dilations = self.window(w)
+        out_sp, pads = shapes.conv_transpose_geometry(
+            x.shape[2:],
+            kernel,
+            strides,
+            dilations,
+            self.pads,
+            self.auto_pad,
+            self.output_padding,
+            self.output_shape,
+        )
+        N, C = x.shape[:2]
+        G = self.group
+        Mg = w.shape[1]
+        in_sp = x.shape[2:]
+        # columns[n, g, m, k, i] = sum_c w[g, c, m, k] * x[n, g, c, i]
+        wg = w.reshape(G, C // G, Mg * math.prod(kernel)).transpose(0, 2, 1)
+        cols = np.matmul(wg, x.reshape(N, G, C // G, -1))
+        cols = cols.reshape(N, G * Mg, *kernel, *in_sp)
+        # the full output before cropping, extended where output_shape asks for more
+        full = [
+            s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, in_sp, kernel, dilations)
+        ]
+        lo = [min(0, pads[i]) for i in range(n_sp)]
+        size = [max(full[i], pads[i] + out_sp[i]) - lo[i] for i in range(n_sp)]
+        y = np.zeros((N, G * Mg, *size), dtype=x.dtype)
+        for tap in itertools.product(*(range(k) for k in kernel)):
+            dst = tuple(
+                slice(t * d - l, t * d - l + (i - 1) * s + 1, s)
+                for t, d, l, i, s in zip(tap, dilations, lo, in_sp, strides)
+            )
+            y[(slice(None), slice(None), *dst)] += cols[(slice(None), slice(None), *tap)]
+        crop = tuple(slice(pads[i] - lo[i], pads[i] - lo[i] + out_sp[i]) for i in range(n_sp))
+        y = y[(slice(None), slice(None), *crop)]
+        if b is not None:
+            y = y + b.reshape((-1,) + (1,) * n_sp)
+        ctx.set_output(0, np.ascontiguousarray(y).astype(dtype, copy=False))
+
+
+def register(registry: KernelRegistry) -> None:
+    registry.kernel("Conv", since=1)(Conv)
+    registry.kernel("ConvTranspose", since=1)(ConvTranspose)

@@ -1,0 +1,147 @@
+"""Pooling CPU kernels: MaxPool (with Indices), AveragePool, GlobalAveragePool, GlobalMaxPool.
+
+A pooling window has few taps: each tap is one vectorized max/add over a strided view of the
+padded input covering every output position. The input is padded with the reduction's
+identity (-inf, 0), and on the right also for ceil_mode's last partial window; AveragePool
+then divides by a per-position count that is separable per dimension.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
+
+from .activation import wide
+from .conv import pad_spatial, tap_slices
+
+
+class Pool(Kernel):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.kernel = list(info.attr("kernel_shape"))
+        n = len(self.kernel)
+        self.strides = list(info.attr("strides") or [1] * n)
+        self.dilations = list(info.attr("dilations") or [1] * n)
+        self.pads = info.attr("pads")
+        self.auto_pad = info.attr("auto_pad", "NOTSET")
+        self.ceil_mode = bool(info.attr("ceil_mode", 0))
+
+    def geometry(self, x: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+        """Output spatial shape, pads, and pads extended at the end so every window fits."""
+        out, pads = shapes.window_geometry(
+            x.shape[2:],
+            self.kernel,
+            self.strides,
+            self.dilations,
+            self.pads,
+            self.auto_pad,
+            self.ceil_mode,
+        )
+        n = len(out)
+        ext = list(pads)
+        for i in range(n):
+            need = (out[i] - 1) * self.strides[i] + (self.kernel[i] - 1) * self.dilations[i] + 1
+            ext[n + i] = max(pads[n + i], need - x.shape[2 + i] - pads[i])
+        return out, pads, ext
+
+
+class MaxPool(Pool):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.storage_order = int(info.attr("storage_order", 0))
+
+    def compute(self, ctx: KernelContext) -> None:
+        x = ctx.input(0)
+        out, pads, ext = self.geometry(x)
+        low = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
+        xp = pad_spatial(x, ext, low)
+        taps = list(tap_slices(self.kernel, self.strides, self.dilations, out))
+        lead = (slice(None), slice(None))
+        y = xp[lead + taps[0]].copy()
+        want_idx = ctx.has_output(1)
+        if want_idx:
+            best = np.zeros(y.shape, dtype=np.int64)  # tap index of the max
+        for t, sl in enumerate(taps[1:], 1):
+            v = xp[lead + sl]
+            if want_idx:
+                better = v > y
+                best[better] = t
+            np.maximum(y, v, out=y)
+        ctx.set_output(0, y)
+        if want_idx:
+            ctx.set_output(1, self.indices(x.shape, out, pads, best))
+
+    def indices(self, shape, out, pads, best) -> np.ndarray:
+        """Flat input index of each output's max (row-major, or column-major over the spatial
+        dims with storage_order=1), counting N and C: [0, N*C*prod(spatial))."""
+        sp = shape[2:]
+        n = len(sp)
+        taps = np.array(list(np.ndindex(*self.kernel)), dtype=np.int64)  # (T, n)
+        flat = np.zeros(best.shape, dtype=np.int64)
+        order = range(n) if self.storage_order == 0 else reversed(range(n))
+        stride = 1
+        for i in reversed(list(order)):
+            o = np.arange(out[i]).reshape((-1,) + (1,) * (n - 1 - i))
+            pos = o * self.strides[i] - pads[i] + taps[best, i] * self.dilations[i]
+            flat += pos * stride
+            stride *= sp[i]
+        nc = np.arange(shape[0] * shape[1]).reshape(shape[0], shape[1], *([1] * n))
+        return flat + nc * math.prod(sp)
+
+
+class AveragePool(Pool):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.count_include_pad = bool(info.attr("count_include_pad", 0))
+
+    def counts(self, x_shape, out, pads) -> np.ndarray:
+        """How many taps of each output's window count (inside the input, or inside the
+        explicitly padded input with count_include_pad), as a broadcastable array."""
+        n = len(out)
+        total = np.ones((1,) * n)
+        for i in range(n):
+            start = np.arange(out[i]) * self.strides[i] - pads[i]
+            pos = start[:, None] + np.arange(self.kernel[i]) * self.dilations[i]
+            lo, hi = (
+                (-pads[i], x_shape[2 + i] + pads[n + i])
+                if self.count_include_pad
+                else (0, x_shape[2 + i])
+            )
+            c = ((pos >= lo) & (pos < hi)).sum(axis=1)
+            total = total * c.reshape([-1 if j == i else 1 for j in range(n)])
+        return total
+
+    def compute(self, ctx: KernelContext) -> None:
+        x = ctx.input(0)
+        out, pads, ext = self.geometry(x)
+        xp = pad_spatial(wide(x), ext, 0)
+        lead = (slice(None), slice(None))
+        taps = list(tap_slices(self.kernel, self.strides, self.dilations, out))
+        y = xp[lead + taps[0]].copy()
+        for sl in taps[1:]:
+            y += xp[lead + sl]
+        y /= self.counts(x.shape, out, pads).astype(y.dtype)
+        ctx.set_output(0, y.astype(x.dtype, copy=False))
+
+
+class GlobalAveragePool(Kernel):
+    def compute(self, ctx: KernelContext) -> None:
+        x = ctx.input(0)
+        axes = tuple(range(2, x.ndim))
+        ctx.set_output(0, np.mean(wide(x), axis=axes, keepdims=True).astype(x.dtype, copy=False))
+
+
+class GlobalMaxPool(Kernel):
+    def compute(self, ctx: KernelContext) -> None:
+        x = ctx.input(0)
+        ctx.set_output(0, np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True))
+
+
+def register(registry: KernelRegistry) -> None:
+    registry.kernel("MaxPool", since=1)(MaxPool)
+    registry.kernel("AveragePool", since=1)(AveragePool)
+    registry.kernel("GlobalAveragePool", since=1)(GlobalAveragePool)
+    registry.kernel("GlobalMaxPool", since=1)(GlobalMaxPool)
