@@ -1,0 +1,1 @@
+"""Example provider plugins and model builders used by the tests."""

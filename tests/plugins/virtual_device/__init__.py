@@ -1,0 +1,50 @@
+"""A provider plugin whose "device" is host memory: multi-device paths without a GPU.
+
+It is a real plugin (it imports only ``onnxplug.ep``): a factory offering device ``virt:N``,
+an EP claiming Add, Sub, Mul, Relu, MatMul, Transpose, Reshape (a view; its shape input in
+host memory), Softmax and NonZero, a counting allocator over host memory, queued streams with
+notifications, and a data transfer for host <-> virt. Register it with::
+
+    onnxplug.register_execution_provider_library(
+        "VirtualDeviceExecutionProvider", "tests.plugins.virtual_device:create_factory")
+
+``create_second_factory`` offers ``virt:1`` as "VirtualDevice1ExecutionProvider";
+``create_shared_device_factory`` offers ``virt:0`` again as "VirtualDeviceBExecutionProvider"
+(two providers on one device, so values cross streams without copies).
+"""
+
+from .allocator import VirtAllocator
+from .provider import NAME, VirtualDeviceEp, VirtualDeviceFactory
+from .stream import Stats, VirtDataTransfer, VirtNotification, VirtStream
+
+SECOND_NAME = "VirtualDevice1ExecutionProvider"
+SHARED_DEVICE_NAME = "VirtualDeviceBExecutionProvider"
+
+
+def create_factory() -> VirtualDeviceFactory:
+    return VirtualDeviceFactory(NAME, 0)
+
+
+def create_second_factory() -> VirtualDeviceFactory:
+    return VirtualDeviceFactory(SECOND_NAME, 1)
+
+
+def create_shared_device_factory() -> VirtualDeviceFactory:
+    return VirtualDeviceFactory(SHARED_DEVICE_NAME, 0)
+
+
+__all__ = [
+    "NAME",
+    "SECOND_NAME",
+    "SHARED_DEVICE_NAME",
+    "Stats",
+    "VirtAllocator",
+    "VirtDataTransfer",
+    "VirtNotification",
+    "VirtStream",
+    "VirtualDeviceEp",
+    "VirtualDeviceFactory",
+    "create_factory",
+    "create_second_factory",
+    "create_shared_device_factory",
+]

@@ -1,0 +1,167 @@
+"""Kernels of the virtual device: numpy on ``DeviceTensor.host_array()`` views, queued on the
+provider's stream.
+
+Shapes are worked out on the host when ``compute`` is called (that is when the executor
+allocates outputs); the arithmetic runs later, in stream order. Every kernel checks that its
+device inputs are on its device and in live memory, so a missing copy node or a block freed
+too early fails loudly at the kernel that receives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import (
+    DeviceTensor,
+    Kernel,
+    KernelContext,
+    KernelRegistry,
+    MemType,
+    dtypes,
+    shapes,
+)
+
+from .allocator import is_live
+from .stream import submit
+
+REGISTRY = KernelRegistry("VirtualDeviceExecutionProvider")
+FLOATS = dtypes("float32", "float64")
+
+
+class VirtKernel(Kernel):
+    """Base of the virtual device's kernels: input checks and queued execution."""
+
+    def device_input(self, ctx: KernelContext, index: int) -> DeviceTensor:
+        x = ctx.input(index)
+        info = self.info
+        dev = info.ep.device
+        if not isinstance(x, DeviceTensor) or x.device != dev:
+            where = x.device if isinstance(x, DeviceTensor) else type(x).__name__
+            raise TypeError(
+                f"{info.op_type} node '{info.name}': input {index} is {where}, not on {dev} "
+                "(a copy node is missing)"
+            )
+        if not is_live(x.ptr, x.nbytes):
+            raise RuntimeError(
+                f"{info.op_type} node '{info.name}': input {index} points into freed memory"
+            )
+        return x
+
+    def launch(self, ctx: KernelContext, work: Callable[[], Any]) -> None:
+        self.info.ep.factory.stats.add(f"op:{self.info.op_type}")
+        submit(ctx.stream, work)
+
+
+class _Binary(VirtKernel):
+    ufunc: Any = None
+
+    def compute(self, ctx: KernelContext) -> None:
+        a, b = self.device_input(ctx, 0), self.device_input(ctx, 1)
+        out = ctx.output(0, shapes.broadcast_shapes(a.shape, b.shape), a.dtype)
+        av, bv, ov = a.host_array(), b.host_array(), out.host_array()
+        ufunc = self.ufunc
+        self.launch(ctx, lambda: ufunc(av, bv, out=ov))
+
+
+for _op, _ufunc in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply)):
+    REGISTRY.kernel(_op, since=7, types={"T": FLOATS})(
+        type(_op, (_Binary,), {"ufunc": staticmethod(_ufunc)})
+    )
+
+
+@REGISTRY.kernel("Relu", since=6, types={"T": FLOATS})
+class Relu(VirtKernel):
+    def compute(self, ctx: KernelContext) -> None:
+        x = self.device_input(ctx, 0)
+        out = ctx.output(0, x.shape, x.dtype)
+        xv, ov = x.host_array(), out.host_array()
+        self.launch(ctx, lambda: np.maximum(xv, 0, out=ov))
+
+
+def matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    if not a or not b:
+        raise ValueError(f"MatMul needs inputs of rank >= 1, got {a} and {b}")
+    a2 = (1, *a) if len(a) == 1 else a
+    b2 = (*b, 1) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"MatMul inner dimensions differ: {a} x {b}")
+    out = (*shapes.broadcast_shapes(a2[:-2], b2[:-2]), a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+@REGISTRY.kernel("MatMul", since=1, types={"T": FLOATS})
+class MatMul(VirtKernel):
+    def compute(self, ctx: KernelContext) -> None:
+        a, b = self.device_input(ctx, 0), self.device_input(ctx, 1)
+        out = ctx.output(0, matmul_shape(a.shape, b.shape), a.dtype)
+        av, bv, ov = a.host_array(), b.host_array(), out.host_array()
+        self.launch(ctx, lambda: np.matmul(av, bv, out=ov))
+
+
+@REGISTRY.kernel("Transpose", since=1)
+class Transpose(VirtKernel):
+    def compute(self, ctx: KernelContext) -> None:
+        x = self.device_input(ctx, 0)
+        perm = self.info.attr("perm") or list(range(x.ndim))[::-1]
+        out = ctx.output(0, tuple(x.shape[p] for p in perm), x.dtype)
+        xv, ov = x.host_array(), out.host_array()
+        self.launch(ctx, lambda: np.copyto(ov, xv.transpose(perm)))
+
+
+@REGISTRY.kernel("Reshape", since=5, input_memory={1: MemType.CPU_INPUT})
+class Reshape(VirtKernel):
+    """A view of the input: the output aliases the input's memory."""
+
+    def compute(self, ctx: KernelContext) -> None:
+        x = self.device_input(ctx, 0)
+        spec = ctx.input(1)
+        if not isinstance(spec, np.ndarray):
+            raise TypeError(
+                f"Reshape node '{self.info.name}': the shape must arrive in host memory, got "
+                f"{type(spec).__name__}"
+            )
+        allow_zero = bool(self.info.attr("allowzero", 0))
+        dims = [int(d) for d in spec.reshape(-1)]
+        if not allow_zero:
+            dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+        if -1 in dims:
+            known = shapes.size_of([d for d in dims if d != -1])
+            dims[dims.index(-1)] = x.size // known if known else 0
+        self.info.ep.factory.stats.add("op:Reshape")
+        ctx.set_output(0, x.view(tuple(dims)))
+
+
+@REGISTRY.kernel("Softmax", since=13, types={"T": FLOATS})
+class Softmax(VirtKernel):
+    def compute(self, ctx: KernelContext) -> None:
+        x = self.device_input(ctx, 0)
+        axis = shapes.normalize_axis(int(self.info.attr("axis", -1)), x.ndim)
+        out = ctx.output(0, x.shape, x.dtype)
+        xv, ov = x.host_array(), out.host_array()
+
+        def work() -> None:
+            e = np.exp(xv - xv.max(axis=axis, keepdims=True))
+            np.divide(e, e.sum(axis=axis, keepdims=True), out=ov)
+
+        self.launch(ctx, work)
+
+
+@REGISTRY.kernel("NonZero", since=9)
+class NonZero(VirtKernel):
+    """Data-dependent output shape: the host must see the input, so the stream is drained."""
+
+    def compute(self, ctx: KernelContext) -> None:
+        x = self.device_input(ctx, 0)
+        if ctx.stream is not None:
+            ctx.stream.flush()
+        nz = np.array(np.nonzero(x.host_array()), dtype=np.int64).reshape(x.ndim, -1)
+        out = ctx.output(0, nz.shape, np.int64)
+        ov = out.host_array()
+        self.launch(ctx, lambda: np.copyto(ov, nz))

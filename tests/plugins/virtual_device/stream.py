@@ -1,0 +1,158 @@
+"""The virtual device's streams, notifications and data transfer.
+
+A ``VirtStream`` really queues work: kernels enqueue closures and nothing runs until the
+stream is flushed or another stream (or the host) waits on one of its notifications. So a
+missing wait, flush or copy leaves the consumer reading memory that was never written (the
+allocator poisons fresh blocks), and the test comparing against the CPU provider fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import DataTransfer, Device, DeviceTensor, SyncNotification, SyncStream
+
+
+class Stats:
+    """Thread-safe event counters shared by a factory's EPs, streams and transfers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def add(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[key] += n
+
+    def snapshot(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self._counts)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+def submit(stream: Any, fn: Callable[[], None]) -> None:
+    """Queue ``fn`` on ``stream``; without a stream of ours the work is synchronous."""
+    if isinstance(stream, VirtStream):
+        stream.enqueue(fn)
+    else:
+        fn()
+
+
+class VirtStream(SyncStream):
+    """A deferred, in-order queue of work: it runs on ``flush`` or when waited on."""
+
+    def __init__(self, device: Device, stats: Stats):
+        super().__init__(device)
+        self.stats = stats
+        self._queue: deque[tuple[int, Callable[[], None]]] = deque()
+        self._enqueued = 0  # sequence number of the last queued item
+        # Reentrant: running a wait item makes another stream run, whose waits may ask this
+        # stream for work it has already done.
+        self._run_lock = threading.RLock()
+        stats.add("streams")
+
+    @property
+    def enqueued(self) -> int:
+        return self._enqueued
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def enqueue(self, fn: Callable[[], None]) -> int:
+        with self._run_lock:
+            self._enqueued += 1
+            self._queue.append((self._enqueued, fn))
+            self.stats.add("stream_ops")
+            return self._enqueued
+
+    def run_until(self, seq: int) -> None:
+        """Run queued work up to and including item ``seq``."""
+        with self._run_lock:
+            while self._queue and self._queue[0][0] <= seq:
+                _, fn = self._queue.popleft()
+                try:
+                    fn()
+                except BaseException:
+                    # like a failed device: drop the rest, it would write into memory the
+                    # host is about to reuse
+                    self._queue.clear()
+                    raise
+
+    def flush(self) -> None:
+        self.stats.add("flushes")
+        self.run_until(self._enqueued)
+
+    def create_notification(self) -> VirtNotification:
+        self.stats.add("notifications")
+        return VirtNotification(self)
+
+
+class VirtNotification(SyncNotification):
+    """A point in a ``VirtStream``'s queue that other streams or the host wait for."""
+
+    def __init__(self, stream: VirtStream):
+        self.stream = stream
+        self.seq = 0
+        self.sync_id = 0
+
+    def activate(self) -> None:
+        self.seq = self.stream.enqueued
+        self.sync_id = self.stream.next_sync_id()
+        self.stream.stats.add("activations")
+
+    def wait_on_device(self, consumer: SyncStream) -> None:
+        producer, seq = self.stream, self.seq
+        if not isinstance(consumer, VirtStream):  # a stream we cannot queue on: block
+            self.wait_on_host()
+            return
+        consumer.enqueue(lambda: producer.run_until(seq))
+        consumer.record_wait(producer, self.sync_id)
+        producer.stats.add("device_waits")
+
+    def wait_on_host(self) -> None:
+        self.stream.stats.add("host_waits")
+        self.stream.run_until(self.seq)
+
+
+def _is_virt(d: Device) -> bool:
+    return d.type == "virt"
+
+
+class VirtDataTransfer(DataTransfer):
+    """Copies host <-> virtual device and between virtual devices."""
+
+    def __init__(self, devices: list[Device], stats: Stats):
+        self.devices = [(d.type, d.id) for d in devices]
+        self.stats = stats
+
+    def can_copy(self, src: Device, dst: Device) -> bool:
+        ours = (src.type, src.id) in self.devices or (dst.type, dst.id) in self.devices
+        return ours and (_is_virt(src) or src.is_cpu) and (_is_virt(dst) or dst.is_cpu)
+
+    def copy_tensors(self, pairs: list[tuple[Any, Any]], stream: SyncStream | None) -> None:
+        for src, dst in pairs:
+            if tuple(src.shape) != tuple(dst.shape) or np.dtype(src.dtype) != np.dtype(dst.dtype):
+                raise ValueError(
+                    f"copy between different tensors: {src.dtype}{tuple(src.shape)} -> "
+                    f"{dst.dtype}{tuple(dst.shape)}"
+                )
+            to_dev = isinstance(dst, DeviceTensor)
+            if isinstance(src, DeviceTensor):
+                data = src.host_array()
+                self.stats.add("copies_d2d" if to_dev else "copies_d2h")
+            else:
+                # a host source is read now, like a pageable cudaMemcpyAsync: the caller may
+                # reuse its buffer as soon as we return
+                data = np.array(src, copy=True)
+                self.stats.add("copies_h2d")
+            target = dst.host_array() if to_dev else dst
+            submit(stream, lambda t=target, d=data: np.copyto(t, d))
