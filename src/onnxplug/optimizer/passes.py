@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import Graph, Node
+from .fusions import fold_conv_batchnorm
 
 Folder = Callable[[Graph, Node, list[Any]], list[Any] | None]
 
@@ -42,6 +43,7 @@ def optimize(graph: Graph, level: int, folder: Folder | None = None) -> None:
         if folder is not None:
             fold_constants(g, folder)
         _remove_identity(g)
+        fold_conv_batchnorm(g)
 
 
 def _all_graphs(g: Graph) -> list[Graph]:
