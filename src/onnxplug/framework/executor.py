@@ -354,11 +354,13 @@ class GraphRunner:
                 ctx.run_options = run_options
         steps = frame.steps
         step: Any = None
+        # the recording and profiled loops report the step they are in, for error messages
+        current: list[Any] = [None]
         try:
             if recorder is not None:
-                self._execute_recording(frame, recorder)
+                self._execute_recording(frame, recorder, current)
             elif self.profiling:
-                self._execute_profiled(frame)
+                self._execute_profiled(frame, current)
             else:
                 for step in steps:
                     step[0](step[1])
@@ -367,11 +369,13 @@ class GraphRunner:
             outs = [values[s] for s in plan.output_slots]
         except OnnxPlugError as e:
             self._clear(frame)
+            step = step if step is not None else current[0]
             if isinstance(step, tuple) and isinstance(step[1], KernelContext):
                 raise type(e)(self._node_message(step[1].info, e.message)) from e
             raise
         except Exception as e:
             self._clear(frame)
+            step = step if step is not None else current[0]
             info = (
                 step[1].info
                 if isinstance(step, tuple) and isinstance(step[1], KernelContext)
@@ -403,7 +407,7 @@ class GraphRunner:
             if values[i] is not None and i not in keep and i not in folded:
                 values[i] = None
 
-    def _execute_recording(self, frame: Frame, rec: _Recorder) -> None:
+    def _execute_recording(self, frame: Frame, rec: _Recorder, current: list[Any]) -> None:
         plan = self.plan
         values = frame.values
         released_at: dict[int, int] = {}
@@ -412,6 +416,7 @@ class GraphRunner:
                 released_at[r] = i
         step_of = {id(c): i for i, c in enumerate(frame.ctxs) if c is not None}
         for step in frame.steps:
+            current[0] = step
             step[0](step[1])
             ctx = step[1]
             if not isinstance(ctx, KernelContext):
@@ -446,10 +451,11 @@ class GraphRunner:
                 if k is not None:
                     rec.escaped.add(k)
 
-    def _execute_profiled(self, frame: Frame) -> None:
+    def _execute_profiled(self, frame: Frame, current: list[Any]) -> None:
         values = frame.values
         events = self.profile_events
         for step in frame.steps:
+            current[0] = step
             t0 = time.perf_counter_ns()
             step[0](step[1])
             t1 = time.perf_counter_ns()

@@ -101,7 +101,7 @@ def partition(graph: Graph, ctx: BuildContext) -> dict[int, Assignment]:
     if pending:
         n = pending[0]
         names = ", ".join(ep.name for ep in ctx.eps)
-        raise NotImplementedError(
+        raise NotImplemented(  # noqa: F901 (onnxplug.errors.NotImplemented, a NotImplementedError)
             f"Could not find an implementation for {n.op_type}({n.since_version}) node with name "
             f"'{n.name}' (domain '{n.domain or 'ai.onnx'}', input types "
             f"{[str(tensor_dtype(graph, i)) if i else '-' for i in n.inputs]}) in any of the "
