@@ -26,7 +26,7 @@ def _bool(key: str, v: str) -> bool:
     if s in ("0", "false"):
         return False
     raise InvalidArgument(
-        f"CUDA provider option '{key}': '{v}' is not a boolean; use 0, 1, true or false"
+        f"CUDA provider option {key}: '{v}' is not a boolean; use 0, 1, true or false"
     )
 
 
@@ -35,12 +35,10 @@ def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, str], i
         try:
             n = int(v.strip(), 0)
         except ValueError:
-            raise InvalidArgument(
-                f"CUDA provider option '{key}': '{v}' is not an integer"
-            ) from None
+            raise InvalidArgument(f"CUDA provider option {key}: '{v}' is not an integer") from None
         if (lo is not None and n < lo) or (hi is not None and n > hi):
             rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-            raise InvalidArgument(f"CUDA provider option '{key}': {n} is outside {rng}")
+            raise InvalidArgument(f"CUDA provider option {key}: {n} is outside {rng}")
         return n
 
     return parse
@@ -53,7 +51,7 @@ def _enum(names: Mapping[str, int]) -> Callable[[str, str], int]:
             if s.lower() == name.lower() or s == str(num):
                 return num
         accepted = ", ".join(f"{n} ({i})" for n, i in names.items())
-        raise InvalidArgument(f"CUDA provider option '{key}': '{v}' is not one of {accepted}")
+        raise InvalidArgument(f"CUDA provider option {key}: '{v}' is not one of {accepted}")
 
     return parse
 
@@ -63,17 +61,17 @@ def _pointer(key: str, v: str) -> int:
         n = int(v.strip(), 0)
     except ValueError:
         raise InvalidArgument(
-            f"CUDA provider option '{key}': '{v}' is not an address (a decimal or 0x integer)"
+            f"CUDA provider option {key}: '{v}' is not an address (a decimal or 0x integer)"
         ) from None
     if n < 0:
-        raise InvalidArgument(f"CUDA provider option '{key}': an address cannot be negative")
+        raise InvalidArgument(f"CUDA provider option {key}: an address cannot be negative")
     return n
 
 
 def _mem_limit(key: str, v: str) -> int:
     s = v.strip()
     if s.startswith("-"):
-        raise InvalidArgument(f"CUDA provider option '{key}': a memory limit cannot be negative")
+        raise InvalidArgument(f"CUDA provider option {key}: a memory limit cannot be negative")
     n = _int(0, SIZE_MAX)(key, s)
     return SIZE_MAX if n == 0 else n  # onnxruntime treats 0 as unlimited
 
@@ -238,7 +236,10 @@ def parse_options(config: Mapping[str, str], provider_name: str) -> CudaOptions:
     for spec in SPECS:
         hit = lookup(config, provider_name, spec)
         if hit is not None:
-            values[spec.key] = spec.parse(hit[0], hit[1])
+            label = (
+                f"'{spec.key}'" if hit[0] == spec.key else f"'{spec.key}' (config key '{hit[0]}')"
+            )
+            values[spec.key] = spec.parse(label, hit[1])
     _reject_unknown(config, provider_name)
     warnings: list[str] = []
     if values.get("user_compute_stream") and "has_user_compute_stream" not in values:

@@ -1,0 +1,147 @@
+"""The CUDA provider's option parsing: defaults, lookup order, validation, exclusions.
+
+Pure Python (no GPU): the option table is plugins/cuda/src/onnxplug_cuda/options.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"))
+
+from onnxplug_cuda.options import SIZE_MAX, SPECS, CudaOptions, parse_options  # noqa: E402
+
+from onnxplug.errors import InvalidArgument  # noqa: E402
+
+NAME = "CUDAExecutionProvider"
+P = "ep.cudaexecutionprovider."
+
+
+def test_defaults_match_onnxruntime():
+    o = parse_options({}, NAME)
+    assert o == CudaOptions()
+    assert o.device_id == 0
+    assert o.gpu_mem_limit == SIZE_MAX
+    assert o.cudnn_conv_algo_search == 0  # EXHAUSTIVE
+    assert o.do_copy_in_default_stream is True
+    assert o.cudnn_conv_use_max_workspace is True
+    assert o.use_tf32 is True
+    assert o.enable_cuda_graph is False
+    assert o.enable_cudnn is True
+    assert o.min_num_runs_before_cuda_graph_capture == 2
+    assert o.sdpa_kernel == 0
+    s = o.as_strings()
+    assert s["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+    assert s["arena_extend_strategy"] == "kNextPowerOfTwo"
+    assert s["use_tf32"] == "1"
+    assert set(s) == {spec.key for spec in SPECS}
+
+
+def test_lookup_order_provider_prefix_then_ep_cuda_then_flat():
+    cfg = {"use_tf32": "0", "ep.cuda.use_tf32": "1", P + "use_tf32": "0"}
+    assert parse_options(cfg, NAME).use_tf32 is False
+    cfg = {"use_tf32": "0", "ep.cuda.use_tf32": "1"}
+    assert parse_options(cfg, NAME).use_tf32 is True
+    assert parse_options({"use_tf32": "false"}, NAME).use_tf32 is False
+
+
+def test_aliases():
+    assert parse_options({P + "cudnn_conv_algo": "HEURISTIC"}, NAME).cudnn_conv_algo_search == 1
+    assert parse_options({"ep.cuda.prefer_nhwc_layout": "1"}, NAME).prefer_nhwc is True
+    assert parse_options({"cuda_mem_limit": "1024"}, NAME).gpu_mem_limit == 1024
+
+
+@pytest.mark.parametrize(
+    "value,expected", [("EXHAUSTIVE", 0), ("heuristic", 1), ("Default", 2), ("2", 2)]
+)
+def test_conv_algo_search_names_and_numbers(value, expected):
+    assert (
+        parse_options({P + "cudnn_conv_algo_search": value}, NAME).cudnn_conv_algo_search
+        == expected
+    )
+
+
+def test_min_runs_has_no_flat_alias():
+    assert (
+        parse_options(
+            {"min_num_runs_before_cuda_graph_capture": "5"}, NAME
+        ).min_num_runs_before_cuda_graph_capture
+        == 2
+    )
+    assert (
+        parse_options(
+            {"ep.cuda.min_num_runs_before_cuda_graph_capture": "5"}, NAME
+        ).min_num_runs_before_cuda_graph_capture
+        == 5
+    )
+
+
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("use_tf32", "yes", "'use_tf32'"),
+        ("cudnn_conv_algo_search", "FAST", "EXHAUSTIVE"),
+        ("arena_extend_strategy", "grow", "kSameAsRequested"),
+        ("device_id", "-1", "'device_id'"),
+        ("gpu_mem_limit", "-5", "negative"),
+        ("sdpa_kernel", "4096", "'sdpa_kernel'"),
+        ("user_compute_stream", "stream", "address"),
+        ("min_num_runs_before_cuda_graph_capture", "-1", "outside"),
+    ],
+)
+def test_malformed_values_name_the_key_and_accepted_values(key, value, needle):
+    with pytest.raises(InvalidArgument) as e:
+        parse_options({P + key: value}, NAME)
+    assert needle in str(e.value)
+
+
+def test_unknown_key_under_the_provider_prefix_is_an_error():
+    with pytest.raises(InvalidArgument, match="unknown CUDA provider option 'use_tf23'"):
+        parse_options({P + "use_tf23": "1"}, NAME)
+
+
+def test_gpu_mem_limit_zero_is_unlimited():
+    assert parse_options({P + "gpu_mem_limit": "0"}, NAME).gpu_mem_limit == SIZE_MAX
+
+
+def test_user_stream_and_external_allocator_exclude_each_other():
+    with pytest.raises(InvalidArgument, match="cannot be combined"):
+        parse_options(
+            {
+                P + "user_compute_stream": "1234",
+                P + "gpu_external_alloc": "1",
+                P + "gpu_external_free": "2",
+            },
+            NAME,
+        )
+
+
+def test_external_allocator_needs_alloc_and_free():
+    with pytest.raises(InvalidArgument, match="must be set together"):
+        parse_options({P + "gpu_external_alloc": "1"}, NAME)
+    with pytest.raises(InvalidArgument, match="needs"):
+        parse_options({P + "gpu_external_empty_cache": "3"}, NAME)
+    o = parse_options({P + "gpu_external_alloc": "1", P + "gpu_external_free": "2"}, NAME)
+    assert o.uses_external_allocator and o.unified_stream
+
+
+def test_user_stream_forces_unified_stream_and_allows_stream_zero():
+    o = parse_options({P + "has_user_compute_stream": "1", P + "user_compute_stream": "0"}, NAME)
+    assert o.has_user_compute_stream and o.user_compute_stream == 0 and o.unified_stream
+    o = parse_options({P + "user_compute_stream": "0x10"}, NAME)
+    assert o.has_user_compute_stream and o.user_compute_stream == 16
+    with pytest.raises(InvalidArgument, match="user_compute_stream"):
+        parse_options({P + "has_user_compute_stream": "1"}, NAME)
+
+
+def test_cuda_graph_forces_unified_stream():
+    assert parse_options({P + "enable_cuda_graph": "1"}, NAME).unified_stream
+    assert not parse_options({}, NAME).unified_stream
+
+
+def test_tuning_without_enable_warns():
+    o = parse_options({P + "tunable_op_tuning_enable": "1"}, NAME)
+    assert any("no effect" in w for w in o.warnings)
