@@ -12,9 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"))
 
-from onnxplug_cuda.options import SIZE_MAX, SPECS, CudaOptions, parse_options  # noqa: E402
-
-from onnxplug.errors import InvalidArgument  # noqa: E402
+from onnxplug.errors import InvalidArgument
+from onnxplug_cuda.options import SIZE_MAX, SPECS, CudaOptions, parse_options
 
 NAME = "CUDAExecutionProvider"
 P = "ep.cudaexecutionprovider."
