@@ -19,7 +19,7 @@ from onnxplug.ep import (
     SessionConfig,
 )
 
-from .options import CudaOptions, parse_options
+from .options import SIZE_MAX, CudaOptions, parse_options
 
 NAME = "CUDAExecutionProvider"
 
@@ -120,16 +120,25 @@ class CudaEp(Ep):
 
     # memory and streams -------------------------------------------------------------------------
     def get_allocator(self, mem_info: MemoryInfo) -> Allocator | None:
+        """A per-session allocator when the session's options need one: the user's external
+        allocator, or a pool of its own when ``gpu_mem_limit`` caps this session."""
         o = self.options
-        if o.uses_external_allocator and mem_info.device == self.device:
+        if mem_info.device != self.device:
+            return None
+        with self._lock:
             if self._external is None:
-                from .memory import ExternalDeviceAllocator
+                if o.uses_external_allocator:
+                    from .memory import ExternalDeviceAllocator
 
-                self._external = ExternalDeviceAllocator(
-                    mem_info, o.gpu_external_alloc, o.gpu_external_free, o.gpu_external_empty_cache
-                )
+                    self._external = ExternalDeviceAllocator(
+                        mem_info,
+                        o.gpu_external_alloc,
+                        o.gpu_external_free,
+                        o.gpu_external_empty_cache,
+                    )
+                elif o.gpu_mem_limit != SIZE_MAX:
+                    self._external = self.factory.limited_allocator(mem_info, o.gpu_mem_limit)
             return self._external
-        return None
 
     def create_sync_stream(self) -> Any:
         o = self.options

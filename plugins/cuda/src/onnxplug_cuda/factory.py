@@ -146,6 +146,12 @@ class CudaEpFactory(EpFactory):
             return CudaPinnedAllocator(memory_info)
         return None
 
+    def limited_allocator(self, memory_info: MemoryInfo, limit: int) -> Allocator:
+        """A session's own device pool capped at ``limit`` bytes in use (``gpu_mem_limit``)."""
+        from .memory import CudaDeviceAllocator
+
+        return CudaDeviceAllocator(memory_info, memory_info.device.id, limit)
+
     def release_allocator(self, allocator: Allocator) -> None:
         with self._lock:
             n = self._refs.get(id(allocator), 0) - 1

@@ -137,6 +137,9 @@ class CudaSimEpFactory(CudaEpFactory):
             return HostAllocator(memory_info)
         return None
 
+    def limited_allocator(self, memory_info: MemoryInfo, limit: int) -> Allocator:
+        return HostAllocator(memory_info)
+
     def create_data_transfer(self) -> SimTransfer:
         return SimTransfer()
 
