@@ -257,7 +257,7 @@ class GraphRunner:
 
     # signature plans --------------------------------------------------------------------------
     def _signature(self, feeds: list[Any]) -> tuple:
-        sig = []
+        sig: list[Any] = []
         for v in feeds:
             shape = getattr(v, "shape", None)
             if shape is not None:
@@ -276,12 +276,16 @@ class GraphRunner:
         for i, spec in enumerate(plan.steps):
             if not spec.foldable:
                 continue
-            outs = [values[s] if s >= 0 else None for s in spec.out_slots]
-            if all(isinstance(o, np.ndarray) and o.size <= _FOLD_MAX_ELEMENTS for o in outs):
-                for s, o in zip(spec.out_slots, outs):
-                    if s >= 0:
-                        o.flags.writeable = False
-                        folded[s] = o
+            # fold only when every output is present and a small host array
+            arrays: list[np.ndarray] = [
+                o
+                for o in (values[s] if s >= 0 else None for s in spec.out_slots)
+                if isinstance(o, np.ndarray) and o.size <= _FOLD_MAX_ELEMENTS
+            ]
+            if len(arrays) == len(spec.out_slots):
+                for s, o in zip(spec.out_slots, arrays):
+                    o.flags.writeable = False
+                    folded[s] = o
                 skip.add(i)
         offsets, sizes = self._memory_plan(recorder)
         return SignaturePlan(folded, frozenset(skip), offsets, sizes)

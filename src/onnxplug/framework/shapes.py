@@ -7,7 +7,7 @@ logic lives here once (re-exported to plugins as ``onnxplug.ep.shapes``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
@@ -43,7 +43,7 @@ def normalize_axes(axes: Sequence[int], rank: int, what: str = "axes") -> list[i
     return out
 
 
-def size_of(shape: Sequence[int]) -> int:
+def size_of(shape: Iterable[int]) -> int:
     n = 1
     for d in shape:
         n *= int(d)

@@ -12,12 +12,27 @@ function's own default, else the schema's default.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
 import onnx
 from onnx import AttributeProto, FunctionProto, GraphProto, NodeProto
 
 from ..ir.graph import Graph, Node, _node_from_proto
+
+
+class _FunctionSchema(Protocol):
+    """The function-body accessors of ``onnx.defs.OpSchema`` (present in onnx's C++ bindings
+    but missing from its type stubs)."""
+
+    function_opset_versions: Sequence[int]
+    context_dependent_function_opset_versions: Sequence[int]
+
+    def get_function_with_opset_version(self, opset_version: int) -> bytes: ...
+
+    def get_context_dependent_function_with_opset_version(
+        self, opset_version: int, node_proto: bytes, input_types: list[bytes]
+    ) -> bytes: ...
 
 
 def _schema(node: Node) -> onnx.defs.OpSchema | None:
@@ -28,9 +43,10 @@ def _schema(node: Node) -> onnx.defs.OpSchema | None:
 
 
 def function_body(node: Node, graph: Graph) -> FunctionProto | None:
-    schema = _schema(node)
-    if schema is None:
+    found = _schema(node)
+    if found is None:
         return None
+    schema = cast(_FunctionSchema, found)
     data = b""
     plain = [v for v in schema.function_opset_versions if v <= node.opset]
     if plain:

@@ -142,7 +142,7 @@ def _remove_identity(g: Graph) -> None:
             and n.domain == ""
             and n.outputs[0] not in outputs
             and n.outputs[0] not in refs
-            and (g.type_of(n.inputs[0]) is None or g.type_of(n.inputs[0]).kind == "tensor")
+            and _tensor_or_untyped(g, n.inputs[0])
         ):
             src = n.inputs[0]
             rename[n.outputs[0]] = rename.get(src, src)
@@ -153,3 +153,9 @@ def _remove_identity(g: Graph) -> None:
     for n in keep:
         n.inputs = [rename.get(i, i) for i in n.inputs]
     g.nodes = keep
+
+
+def _tensor_or_untyped(g: Graph, name: str) -> bool:
+    """Whether ``name`` is a tensor or of unknown type: only such Identity nodes are removed."""
+    t = g.type_of(name)
+    return t is None or t.kind == "tensor"

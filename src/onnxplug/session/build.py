@@ -256,18 +256,20 @@ def build_runner(
     static: set[int] = set(constants)
     allocators: dict[Device, Any] = {}
     stream_factories: dict[str, Any] = {}
-    for n, a, actual in steps_nodes:
-        if a is None:  # a copy node
+    for n, step_a, actual in steps_nodes:
+        out_devs: tuple[Device, ...]
+        if step_a is None:  # a copy node
+            assert n.ep is not None  # value_on() names the provider of every copy node
             owner = ctx.by_name[n.ep]
             kernel = CopyKernel(_copy_info(n, owner, ctx), ctx.transfer)
             info = kernel.info
             out_devs = (location[n.outputs[0]] or CPU,)
             ep = owner
         else:
-            ep = a.ep
-            info = _kernel_info(n, a, graph, ctx)
+            ep = step_a.ep
+            info = _kernel_info(n, step_a, graph, ctx)
             try:
-                kernel = a.factory(info)
+                kernel = step_a.factory(info)
             except (NotImplemented, InvalidGraph):
                 raise
             except Exception as e:
@@ -275,7 +277,7 @@ def build_runner(
                     f"{n.op_type} node '{n.name}' could not be prepared by {ep.name}: "
                     f"{type(e).__name__}: {e}"
                 ) from e
-            out_devs = tuple(_out_device(a, j) for j in range(len(n.outputs)))
+            out_devs = tuple(_out_device(step_a, j) for j in range(len(n.outputs)))
         for d in out_devs:
             if not d.is_cpu and d not in allocators:
                 allocators[d] = ctx.allocator_for(ep, d)
@@ -297,7 +299,7 @@ def build_runner(
             ep.device.is_cpu
             and not n.subgraphs
             and n.op_type not in NONDETERMINISTIC_OPS
-            and a is not None
+            and step_a is not None
         ):
             if n.op_type in SHAPE_SOURCE_OPS and n.domain == "":
                 foldable = True

@@ -161,8 +161,8 @@ class InferenceSession:
                     devices = all_devs[:1]
             prefix = f"ep.{name.lower()}."
             ep_config = dict(config)
-            for k, v in po.items():
-                ep_config[prefix + k] = v
+            for key, value in po.items():
+                ep_config[prefix + key] = value
             self._env.ensure_transfer(factory)
             try:
                 ep = factory.create_ep(list(devices), SessionConfig(ep_config))
