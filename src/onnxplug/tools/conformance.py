@@ -270,10 +270,10 @@ def check_xfail(results: list[CaseResult], xfail: dict[str, str]) -> XfailCheck:
         if r.status != "pass" and r.name not in xfail:
             check.unexpected_failures.append(r)
     for name in sorted(xfail):
-        r = by_name.get(name)
-        if r is None:
+        listed = by_name.get(name)
+        if listed is None:
             check.not_run.append(name)
-        elif r.status == "pass":
+        elif listed.status == "pass":
             check.unexpected_passes.append(name)
     return check
 

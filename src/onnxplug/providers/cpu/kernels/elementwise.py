@@ -9,6 +9,8 @@ float32: kernels never let a result leave the input's dtype.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -145,7 +147,8 @@ class Cast(Kernel):
                 ctx.set_output(0, x.astype(self.to))
 
 
-UNARY = {
+# op -> (numpy function, first opset it serves)
+UNARY: dict[str, tuple[Callable[..., Any], int]] = {
     "Abs": (np.abs, 6),
     "Neg": (np.negative, 6),
     "Sqrt": (np.sqrt, 6),
@@ -158,7 +161,7 @@ UNARY = {
     "Not": (np.logical_not, 1),
     "Tanh": (np.tanh, 6),
 }
-BINARY = {
+BINARY: dict[str, tuple[Callable[..., Any], int]] = {
     "Add": (np.add, 7),
     "Sub": (np.subtract, 7),
     "Mul": (np.multiply, 7),

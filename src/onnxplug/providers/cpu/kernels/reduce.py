@@ -9,6 +9,9 @@ sums to int64 by default) and half-precision floats accumulate in float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
@@ -112,7 +115,7 @@ class ReduceAttr(Reduce):
 
 
 class ArgMax(Kernel):
-    fn = staticmethod(np.argmax)
+    fn: Callable[..., Any] = staticmethod(np.argmax)
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)

@@ -8,7 +8,7 @@ a copy per node.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -222,7 +222,12 @@ class Tile(Kernel):
 class Pad(Kernel):
     """Pad-11+: pads, constant_value and (18+) axes are inputs. Negative pads crop."""
 
-    MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+    MODES: dict[str, Literal["constant", "reflect", "edge", "wrap"]] = {
+        "constant": "constant",
+        "reflect": "reflect",
+        "edge": "edge",
+        "wrap": "wrap",
+    }
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
@@ -307,7 +312,8 @@ class Range(Kernel):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         stash = int(info.attr("stash_type", 1)) if info.since_version >= 27 else 0
-        self.stash = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}.get(stash)
+        stash_types: dict[int, np.dtype] = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
+        self.stash = stash_types.get(stash)
 
     def compute(self, ctx: KernelContext) -> None:
         start, limit, delta = (ctx.input(i).reshape(()) for i in range(3))
