@@ -2,9 +2,8 @@
 
 Conv is a GEMM per group on BLAS: a 1x1 convolution multiplies the weights with the input
 as it lies; a general one first gathers the windows (im2col) through a strided view of the
-padded input, one copy. Depthwise convolutions (one input channel per group) would be a
-GEMM with K = kernel size, which BLAS does badly: they accumulate one kernel tap at a time
-instead. ConvTranspose is the adjoint: a GEMM to columns, then each tap's columns are added
+padded input, one copy. Depthwise convolutions (one input channel per group) are a batch of
+tiny GEMMs, one per channel. ConvTranspose is the adjoint: a GEMM to columns, then each tap's columns are added
 into the (strided) output positions they came from (col2im).
 """
 
@@ -122,16 +121,11 @@ class Conv(ConvBase):
 
     @staticmethod
     def depthwise(xp, w, kernel, strides, dilations, out_sp) -> np.ndarray:
-        """One input channel per output channel: sum over taps of weight * shifted input."""
+        """One input channel per output channel: a batch of (1, k) @ (k, P) products over the
+        channels, one small BLAS call each (faster than a numpy pass per kernel tap)."""
         N, C = xp.shape[:2]
-        wf = w.reshape(C, -1)
-        bshape = (C,) + (1,) * len(kernel)
-        y = np.zeros((N, C, *out_sp), dtype=xp.dtype)
-        tmp = np.empty_like(y)
-        for t, sl in enumerate(tap_slices(kernel, strides, dilations, out_sp)):
-            np.multiply(xp[(slice(None), slice(None), *sl)], wf[:, t].reshape(bshape), out=tmp)
-            y += tmp
-        return y
+        cols = windows(xp, kernel, strides, dilations, out_sp).reshape(N, C, math.prod(kernel), -1)
+        return np.matmul(w.reshape(C, 1, -1), cols).reshape(N, C, *out_sp)
 
 
 class ConvTranspose(ConvBase):
