@@ -181,20 +181,40 @@ def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
     return dense
 
 
-def _resolve_since_version(op_type: str, domain: str, opset: int) -> int:
+# Domains whose every op onnx defines: an op without a schema there is not an ONNX op.
+_STANDARD_DOMAINS = frozenset({"", "ai.onnx.ml"})
+
+
+def _resolve_since_version(op_type: str, domain: str, opset: int, where: str) -> int:
+    """The schema version a node of ``opset`` resolves to (its kernel lookup key)."""
     try:
-        return onnx.defs.get_schema(op_type, opset, domain).since_version
+        schema = onnx.defs.get_schema(op_type, opset, domain)
     except Exception:
-        return opset
+        if domain in _STANDARD_DOMAINS:
+            raise InvalidGraph(
+                f"{where}: no op {op_type} is registered in domain "
+                f"'{domain or 'ai.onnx'}' at version {opset} (misspelt, or newer than the "
+                "model's opset import?)"
+            ) from None
+        return opset  # custom domains: providers' kernels decide
+    if schema.deprecated:
+        raise InvalidGraph(
+            f"{where}: op {op_type} is deprecated in domain '{domain or 'ai.onnx'}' since "
+            f"version {schema.since_version} and the model imports version {opset}"
+        )
+    return schema.since_version
 
 
 def _node_from_proto(p: NodeProto, graph: Graph, opsets: dict[str, int], index: int) -> Node:
     domain = "" if p.domain == "ai.onnx" else p.domain
     opset = opsets.get(domain)
+    where = f"{p.op_type} node '{p.name or f'{p.op_type}_{index}'}'"
     if opset is None:
         if domain == "":
             raise InvalidGraph(f"the model imports no default-domain opset but uses {p.op_type}")
-        opset = 1
+        raise InvalidGraph(
+            f"{where} uses domain '{domain}', which the model does not import (opset_import)"
+        )
     attrs: dict[str, Any] = {}
     subgraphs: dict[str, Graph] = {}
     for a in p.attribute:
@@ -210,7 +230,7 @@ def _node_from_proto(p: NodeProto, graph: Graph, opsets: dict[str, int], index: 
         inputs=list(p.input),
         outputs=list(p.output),
         attrs=attrs,
-        since_version=_resolve_since_version(p.op_type, domain, opset),
+        since_version=_resolve_since_version(p.op_type, domain, opset, where),
         opset=opset,
         proto=p,
         subgraphs=subgraphs,
@@ -277,14 +297,19 @@ def graph_from_proto(
 
 
 def _check_unique_names(g: Graph) -> None:
+    """Every value is defined once: by a graph input, an initializer or one node output."""
     seen: dict[str, str] = {}
+    for vi in g.inputs:
+        seen[vi.name] = f"graph input of '{g.name}'"
+    for name in g.initializers:
+        seen.setdefault(name, f"initializer of '{g.name}'")
     for n in g.nodes:
         for o in n.outputs:
             if not o:
                 continue
             if o in seen:
                 raise InvalidGraph(
-                    f"value '{o}' is produced twice (by {seen[o]} and {n.label()}); "
+                    f"value '{o}' is defined twice (by the {seen[o]} and {n.label()}); "
                     "ONNX graphs must be in SSA form"
                 )
             seen[o] = n.label()
@@ -321,6 +346,15 @@ def _numel(t: onnx.TensorProto) -> int:
     return n
 
 
+def _newest_opsets() -> dict[str, int]:
+    """The newest opset of each standard domain the installed onnx knows."""
+    newest = {"": onnx.defs.onnx_opset_version()}
+    table = getattr(onnx.helper, "VERSION_TABLE", None)
+    if table:
+        newest["ai.onnx.ml"] = max(row[3] for row in table)
+    return newest
+
+
 def graph_from_model(proto: ModelProto) -> Graph:
     opsets: dict[str, int] = {}
     for imp in proto.opset_import:
@@ -328,12 +362,18 @@ def graph_from_model(proto: ModelProto) -> Graph:
         opsets[dom] = int(imp.version)
     if "" not in opsets and any(n.domain in ("", "ai.onnx") for n in proto.graph.node):
         raise InvalidGraph("the model uses default-domain ops but imports no default opset")
-    max_opset = onnx.defs.onnx_opset_version()
-    if opsets.get("", 0) > max_opset:
+    if proto.ir_version > onnx.IR_VERSION:
         raise InvalidGraph(
-            f"the model needs opset {opsets['']} of the default domain; this onnx "
-            f"({onnx.__version__}) knows opsets up to {max_opset}"
+            f"the model has IR version {proto.ir_version}; this onnx ({onnx.__version__}) "
+            f"reads IR versions up to {onnx.IR_VERSION}"
         )
+    for dom, newest in _newest_opsets().items():
+        if opsets.get(dom, 0) > newest:
+            raise InvalidGraph(
+                f"the model needs opset {opsets[dom]} of domain '{dom or 'ai.onnx'}'; this "
+                f"onnx ({onnx.__version__}) knows opsets up to {newest}: upgrade onnx or "
+                "export the model for an older opset"
+            )
     inferred = infer_types(proto)
     g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
     _merge_types(g, inferred.graph)

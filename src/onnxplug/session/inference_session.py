@@ -1,8 +1,18 @@
-"""``InferenceSession``: onnxruntime's Python API on top of the plugin providers."""
+"""``InferenceSession``: onnxruntime's Python API on top of the plugin providers.
+
+Feeds are checked against the model before a run: names, element types (numpy arrays of
+ml_dtypes types such as bfloat16, float8 and int4 are accepted as they are), ranks and fixed
+dimensions, each error naming the input. Sequences are fed as Python lists, an empty
+optional as ``None``; strings as object or ``str`` ('U') arrays. Initializers that the model
+also lists as graph inputs (IR version 4 and later) are *overridable*: a run may feed them,
+otherwise their stored value is used.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import threading
 import time
@@ -81,21 +91,48 @@ class InferenceSession:
         )
         self._env = get_environment()
         self._profiling_start_ns = time.time_ns()
-        self._lock = threading.Lock()
+        self._log_level = _log_level(self._sess_options.log_severity_level)
         proto, _ = load_model_proto(path_or_bytes)
         self._proto_meta = _metadata(proto)
-        self._graph: Graph = graph_from_model(proto)
+        graph: Graph = graph_from_model(proto)
+        self._graph = graph
+        self._apply_free_dimension_overrides(proto)
         self._apply_session_initializers()
-        self._user_inputs = [
-            vi for vi in self._graph.inputs if vi.name not in self._graph.initializers
+        self._user_inputs = [vi for vi in graph.inputs if vi.name not in graph.initializers]
+        # Before IR version 4 every initializer had to be listed as a graph input, so being
+        # one means nothing: those stay constants (as in onnxruntime).
+        overridable = proto.ir_version >= 4
+        self._overridable = [
+            vi for vi in graph.inputs if overridable and vi.name in graph.initializers
         ]
-        self._overridable = [vi for vi in self._graph.inputs if vi.name in self._graph.initializers]
-        self._outputs = list(self._graph.outputs)
+        # Overridable initializers become feeds with a default value: they cannot be folded
+        # into constants, since a run may replace them.
+        self._defaults = {vi.name: graph.initializers.pop(vi.name) for vi in self._overridable}
+        if self._overridable:
+            self._log(
+                logging.WARNING,
+                f"initializers {[vi.name for vi in self._overridable]} are also graph inputs: "
+                "a run may override them, so they are not treated as constants",
+            )
+        self._outputs = list(graph.outputs)
         self._eps = self._create_eps(providers, provider_options)
         cpu = next((ep for ep in self._eps if ep.name == CPU_EP), None)
         folder = make_constant_folder(cpu) if cpu is not None else None
-        optimize(self._graph, int(self._sess_options.graph_optimization_level), folder)
+        optimize(graph, int(self._sess_options.graph_optimization_level), folder)
         self._build()
+        self._log(
+            logging.INFO,
+            f"session for '{self._model_path or proto.graph.name}': providers "
+            f"{self.get_providers()}, nodes per provider {self.get_ep_graph_assignment_summary()}",
+        )
+        for g, node, op, ep in self._assignment:
+            self._log(logging.DEBUG, f"graph '{g}': {op} node '{node}' runs on {ep}")
+
+    def _log(self, level: int, message: str) -> None:
+        """Logs through the 'onnxplug' logger if the session's log_severity_level lets it."""
+        if level >= self._log_level:
+            logid = self._sess_options.logid
+            _LOGGER.log(level, "[%s] %s" if logid else "%s%s", logid or "", message)
 
     # providers ----------------------------------------------------------------------------------
     def _create_eps(
@@ -175,36 +212,82 @@ class InferenceSession:
 
     # building -----------------------------------------------------------------------------------
     def _apply_session_initializers(self) -> None:
+        """SessionOptions.add_initializer values replace the model's initializers."""
         for name, value in self._sess_options._initializers.items():
-            arr = to_numpy(unwrap(value))
-            if name not in self._graph.initializers:
-                raise InvalidArgument(f"add_initializer: the model has no initializer '{name}'")
-            self._graph.initializers[name] = np.asarray(arr)
+            old = self._graph.initializers.get(name)
+            if old is None:
+                raise InvalidArgument(
+                    f"add_initializer('{name}'): the model has no initializer of that name"
+                )
+            arr = np.asarray(to_numpy(unwrap(value)))
+            if arr.dtype.kind in "US":
+                arr = arr.astype(object)
+            if arr.dtype != old.dtype or arr.shape != old.shape:
+                raise InvalidArgument(
+                    f"add_initializer('{name}'): the value is {_type_name(arr.dtype)}"
+                    f"{list(arr.shape)}, the model's initializer is {_type_name(old.dtype)}"
+                    f"{list(old.shape)}"
+                )
+            self._graph.initializers[name] = arr
+
+    def _apply_free_dimension_overrides(self, proto: ModelProto) -> None:
+        """SessionOptions.add_free_dimension_override_by_name/_by_denotation fix symbolic
+        dimensions of the graph inputs; feeds must then match them."""
+        opts = self._sess_options
+        by_name, by_den = opts._free_dims_by_name, opts._free_dims_by_denotation
+        if not by_name and not by_den:
+            return
+        denotations = {
+            vi.name: [d.denotation for d in vi.type.tensor_type.shape.dim]
+            for vi in proto.graph.input
+            if vi.type.HasField("tensor_type")
+        }
+        g = self._graph
+        for k, vi in enumerate(g.inputs):
+            t = vi.type
+            if t.kind != "tensor" or t.shape is None:
+                continue
+            dens = denotations.get(vi.name, [])
+            dims = list(t.shape)
+            for j, d in enumerate(dims):
+                if isinstance(d, int):
+                    continue
+                den = dens[j] if j < len(dens) else ""
+                if den and den in by_den:
+                    dims[j] = by_den[den]
+                elif isinstance(d, str) and d in by_name:
+                    dims[j] = by_name[d]
+            if dims != list(t.shape):
+                nt = dataclasses.replace(t, shape=tuple(dims))
+                g.inputs[k] = type(vi)(vi.name, nt)
+                g.value_types[vi.name] = nt
 
     def _build(self) -> None:
         ctx = BuildContext(self._eps, self._env.transfer, self._env.allocator_for)
         self._runner, self._feed_devices = build_runner(self._graph, ctx)
-        self._feed_names = [vi.name for vi in self._user_inputs]
+        # the runner's feeds: graph inputs that are not (constant) initializers, in order
+        self._feed_vis = [
+            vi for vi in self._graph.inputs if vi.name not in self._graph.initializers
+        ]
+        self._feed_names = [vi.name for vi in self._feed_vis]
         self._feed_index = {n: i for i, n in enumerate(self._feed_names)}
-        self._overridable_names = {vi.name for vi in self._overridable}
+        self._required = [
+            i
+            for i, vi in enumerate(self._feed_vis)
+            if vi.type.kind != "optional" and vi.name not in self._defaults
+        ]
         self._output_names = [vi.name for vi in self._outputs]
         self._output_index = {n: i for i, n in enumerate(self._output_names)}
         self._assignment = ctx.records
         self._runner.profiling = bool(self._sess_options.enable_profiling)
         self._allocators = self._runner.plan.allocators
-        self._input_checks = [self._make_check(vi) for vi in self._user_inputs]
-
-    def _make_check(self, vi: Any) -> tuple[str, np.dtype | None, tuple | None]:
-        t = vi.type
-        dt: np.dtype | None = None
-        shape = None
-        if t.kind == "tensor" and t.elem_type:
-            try:
-                dt = np_dtype(t.elem_type)
-            except ValueError:
-                dt = None
-            shape = t.shape
-        return vi.name, dt, shape
+        self._input_checks = [_TensorCheck.of(vi.name, vi.type) for vi in self._feed_vis]
+        # overridable initializers' stored values, placed once where the runner wants them
+        self._default_feeds: dict[int, Any] = {}
+        for name, value in self._defaults.items():
+            i = self._feed_index[name]
+            dev = self._feed_devices[i] if i < len(self._feed_devices) else None
+            self._default_feeds[i] = place(value, dev, self._env.transfer, self._allocators)
 
     # introspection ------------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -266,81 +349,30 @@ class InferenceSession:
             raise InvalidArgument(
                 f"input_feed must be a dict of name -> array, not {type(input_feed).__name__}"
             )
-        feeds: list[Any] = [None] * len(self._feed_names)
-        seen = [False] * len(self._feed_names)
+        n = len(self._feed_names)
+        feeds: list[Any] = [None] * n
+        seen = [False] * n
         for name, value in input_feed.items():
             i = self._feed_index.get(name)
             if i is None:
-                if name in self._overridable_names:
-                    raise InvalidArgument(
-                        f"'{name}' is an initializer; overriding initializers at run time is not "
-                        "supported, use SessionOptions.add_initializer"
-                    )
                 raise InvalidArgument(
-                    f"Invalid input name: {name}. The model's inputs are {self._feed_names}"
+                    f"Invalid input name: {name}. The model's inputs are "
+                    f"{[vi.name for vi in self._user_inputs]}"
                 )
-            feeds[i] = self._check_input(i, unwrap(value))
+            feeds[i] = _coerce(name, self._feed_vis[i].type, value, self._input_checks[i])
             seen[i] = True
-        missing = [n for n, s in zip(self._feed_names, seen) if not s]
+        missing = [self._feed_names[i] for i in self._required if not seen[i]]
         if missing:
-            t = self._user_inputs[self._feed_index[missing[0]]].type
-            if t.kind != "optional":
-                raise InvalidArgument(f"Missing Input: {missing[0]}")
-        for i, dev in enumerate(self._feed_devices[: len(feeds)]):
+            raise InvalidArgument(
+                f"Required inputs ({missing}) are missing from input feed ({list(input_feed)})"
+            )
+        for i, dev in enumerate(self._feed_devices[:n]):
             v = feeds[i]
-            if dev is not None and v is not None:
+            if not seen[i] and i in self._default_feeds:
+                feeds[i] = self._default_feeds[i]
+            elif dev is not None and v is not None:
                 feeds[i] = place(v, dev, self._env.transfer, self._allocators)
         return feeds
-
-    def _check_input(self, i: int, value: Any) -> Any:
-        name, dt, shape = self._input_checks[i]
-        vt = self._user_inputs[i].type
-        if vt.kind in ("sequence", "optional", "map"):
-            if isinstance(value, np.ndarray) and vt.kind == "optional":
-                return value
-            if value is None or isinstance(value, (list, dict)):
-                return value
-            raise InvalidArgument(
-                f"input '{name}' expects a {vt.type_str()}, got {type(value).__name__}"
-            )
-        if not isinstance(value, (np.ndarray, DeviceTensor)):
-            if isinstance(value, (np.generic, int, float, bool, str, list, tuple)):
-                value = np.asarray(
-                    value,
-                    dtype=dt if dt is not None and not isinstance(value, (list, tuple)) else None,
-                )
-                if isinstance(value, np.ndarray) and value.dtype.kind in "US":
-                    value = value.astype(object)
-            else:
-                raise InvalidArgument(
-                    f"input '{name}' must be a numpy array or OrtValue, got {type(value).__name__}"
-                )
-        if isinstance(value, np.ndarray) and value.dtype.kind in "US":
-            value = value.astype(object)
-        if dt is not None and value.dtype != dt:
-            got = _type_name(value.dtype)
-            raise InvalidArgument(
-                f"Unexpected input data type. Actual: (tensor({got})) , expected: "
-                f"(tensor({_type_name(dt)})) for input '{name}'"
-            )
-        if shape is not None:
-            if len(value.shape) != len(shape):
-                raise InvalidArgument(
-                    f"Invalid rank for input: {name} Got: {len(value.shape)} Expected: "
-                    f"{len(shape)} Please fix either the inputs/outputs or the model."
-                )
-            bad = [
-                (k, got, want)
-                for k, (got, want) in enumerate(zip(value.shape, shape))
-                if isinstance(want, int) and got != want
-            ]
-            if bad:
-                lines = "".join(f" index: {k} Got: {g} Expected: {w}\n" for k, g, w in bad)
-                raise InvalidArgument(
-                    f"Got invalid dimensions for input: {name} for the following indices\n"
-                    f"{lines} Please fix either the inputs/outputs or the model."
-                )
-        return value
 
     def _output_indices(self, output_names: list[str] | None) -> list[int]:
         if not output_names:
@@ -356,6 +388,8 @@ class InferenceSession:
         return idx
 
     def _run_values(self, feeds: list[Any], run_options: RunOptions | None) -> list[Any]:
+        if run_options is not None and run_options.terminate:
+            raise Fail("Exiting due to terminate flag being set to true.")
         eps = self._eps
         for ep in eps:
             ep.on_run_start(run_options)
@@ -388,6 +422,23 @@ class InferenceSession:
         feeds = self._prepare_feeds(input_dict_ort_values)
         outs = self._run_values(feeds, run_options)
         return [OrtValue(outs[i]) for i in idx]
+
+    def run_with_ortvaluevector(
+        self,
+        run_options: RunOptions | None,
+        feed_names: list[str],
+        feeds: list[Any],
+        fetch_names: list[str],
+        fetches: list[Any],
+        fetch_devices: list[Any] | None = None,
+    ) -> None:
+        """onnxruntime's low-level form: ``fetches`` (a list) receives the output OrtValues."""
+        if len(feed_names) != len(feeds):
+            raise InvalidArgument(
+                f"{len(feed_names)} feed names for {len(feeds)} feeds; they must pair up"
+            )
+        outs = self.run_with_ort_values(fetch_names, dict(zip(feed_names, feeds)), run_options)
+        fetches[:] = outs
 
     def run_async(self, output_names, input_feed, callback, user_data, run_options=None) -> None:
         def work() -> None:
@@ -425,6 +476,140 @@ class InferenceSession:
 
     def get_profiling_start_time_ns(self) -> int:
         return self._profiling_start_ns
+
+
+_LOGGER = logging.getLogger("onnxplug")
+
+
+def _log_level(severity: Any) -> int:
+    """onnxruntime's severity (0 verbose, 1 info, 2 warning, 3 error, 4 fatal) as a logging
+    level."""
+    try:
+        sev = int(severity)
+    except (TypeError, ValueError):
+        raise InvalidArgument(
+            f"log_severity_level must be 0 (verbose) .. 4 (fatal), not {severity!r}"
+        ) from None
+    levels = [logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL]
+    return levels[min(max(sev, 0), 4)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorCheck:
+    """What a tensor feed must be: element type (None: any) and shape (None: any rank)."""
+
+    name: str
+    dtype: np.dtype | None
+    shape: tuple[int | str | None, ...] | None
+
+    @staticmethod
+    def of(name: str, t: ValueType) -> _TensorCheck:
+        while t.kind in ("optional", "sequence") and t.inner is not None:
+            t = t.inner  # a sequence's or optional's items are checked like tensors
+        if t.kind != "tensor" or not t.elem_type:
+            return _TensorCheck(name, None, None)
+        try:
+            dt = np_dtype(t.elem_type)
+        except ValueError:
+            dt = None
+        return _TensorCheck(name, dt, t.shape)
+
+
+_ANY = ValueType("unknown")
+_PY_LITERALS = (bool, int, float, complex, str, bytes, list, tuple)
+
+
+def _coerce(name: str, vt: ValueType, value: Any, check: _TensorCheck) -> Any:
+    """A feed as the runtime holds it (arrays, lists, None), or InvalidArgument naming it."""
+    value = unwrap(value)
+    kind = vt.kind
+    if kind == "optional":
+        if value is None:
+            return None
+        return _coerce(name, vt.inner or _ANY, value, check)
+    if value is None:
+        raise InvalidArgument(
+            f"input '{name}' is None, but only an optional input may be empty "
+            f"(its type is {vt.type_str()})"
+        )
+    if kind == "sequence":
+        if not isinstance(value, (list, tuple)):
+            raise InvalidArgument(
+                f"input '{name}' is a {vt.type_str()}: feed a list of arrays, not "
+                f"{type(value).__name__}"
+            )
+        inner = vt.inner or _ANY
+        return [_coerce(f"{name}[{k}]", inner, v, check) for k, v in enumerate(value)]
+    if kind == "map":
+        if not isinstance(value, dict):
+            raise InvalidArgument(
+                f"input '{name}' is a {vt.type_str()}: feed a dict, not {type(value).__name__}"
+            )
+        return value
+    return _coerce_tensor(name, value, check)
+
+
+def _coerce_tensor(name: str, value: Any, check: _TensorCheck) -> Any:
+    dt, shape = check.dtype, check.shape
+    if not isinstance(value, (np.ndarray, DeviceTensor)):
+        if isinstance(value, np.generic):
+            value = np.asarray(value)  # a numpy scalar keeps its dtype
+        elif isinstance(value, _PY_LITERALS):
+            value = _from_python(name, value, dt)
+        else:
+            raise InvalidArgument(
+                f"input '{name}' must be a numpy array, an OrtValue or a Python number or "
+                f"list, not {type(value).__name__}"
+            )
+    if isinstance(value, np.ndarray) and value.dtype.kind in "US":
+        value = value.astype(object)  # string tensors are object arrays
+    if dt is not None and value.dtype != dt:
+        raise InvalidArgument(
+            f"Unexpected input data type. Actual: (tensor({_type_name(value.dtype)})) , "
+            f"expected: (tensor({_type_name(dt)})) for input '{name}'"
+        )
+    if shape is not None:
+        if len(value.shape) != len(shape):
+            raise InvalidArgument(
+                f"Invalid rank for input: {name} Got: {len(value.shape)} Expected: "
+                f"{len(shape)} Please fix either the inputs/outputs or the model."
+            )
+        bad = [
+            (k, got, want)
+            for k, (got, want) in enumerate(zip(value.shape, shape))
+            if isinstance(want, int) and got != want
+        ]
+        if bad:
+            lines = "".join(f" index: {k} Got: {g} Expected: {w}\n" for k, g, w in bad)
+            raise InvalidArgument(
+                f"Got invalid dimensions for input: {name} for the following indices\n"
+                f"{lines} Please fix either the inputs/outputs or the model."
+            )
+    return value
+
+
+def _from_python(name: str, value: Any, dt: np.dtype | None) -> np.ndarray:
+    """Python numbers and lists carry no element type: they take the model's, unless that
+    would lose information (a float literal for an integer input)."""
+    arr = np.asarray(value)
+    if arr.dtype.kind in "US":
+        return arr.astype(object)
+    if dt is None or arr.dtype == dt:
+        return arr
+    if dt == np.dtype(object):
+        raise InvalidArgument(f"input '{name}' is a string tensor; got {arr.dtype} values")
+    kinds = "biufc"
+    same_kind = (
+        arr.dtype.kind in kinds
+        and (dt.kind in kinds or dt.kind == "V")  # "V": ml_dtypes types (bfloat16, float8...)
+        and kinds.index(arr.dtype.kind) <= kinds.index(dt.kind if dt.kind in kinds else "f")
+    )
+    if not same_kind:
+        raise InvalidArgument(
+            f"Unexpected input data type. Actual: (tensor({_type_name(arr.dtype)})) , "
+            f"expected: (tensor({_type_name(dt)})) for input '{name}'"
+        )
+    return arr.astype(dt)
 
 
 def _opt_str(v: Any) -> str:

@@ -15,10 +15,16 @@ class GraphOptimizationLevel(IntEnum):
     ORT_ENABLE_LAYOUT = 3
     ORT_ENABLE_ALL = 99
 
+    def __str__(self) -> str:  # onnxruntime prints 'GraphOptimizationLevel.ORT_ENABLE_ALL'
+        return f"{type(self).__name__}.{self.name}"
+
 
 class ExecutionMode(IntEnum):
     ORT_SEQUENTIAL = 0
     ORT_PARALLEL = 1
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
 
 
 class ExecutionOrder(IntEnum):
@@ -28,7 +34,12 @@ class ExecutionOrder(IntEnum):
 
 
 class SessionOptions:
-    """Options of an InferenceSession (``onnxruntime.SessionOptions``)."""
+    """Options of an InferenceSession (``onnxruntime.SessionOptions``).
+
+    Accepted for compatibility but without effect here: thread counts, execution mode and
+    order, memory-arena/pattern switches (numpy runs the CPU kernels; providers own their
+    memory), ``use_deterministic_compute`` and ``optimized_model_filepath``.
+    """
 
     def __init__(self) -> None:
         self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -51,6 +62,20 @@ class SessionOptions:
         self._initializers: dict[str, Any] = {}
         self._free_dims_by_name: dict[str, int] = {}
         self._free_dims_by_denotation: dict[str, int] = {}
+
+    @property
+    def graph_optimization_level(self) -> GraphOptimizationLevel:
+        return self._graph_optimization_level
+
+    @graph_optimization_level.setter
+    def graph_optimization_level(self, level: Any) -> None:
+        try:
+            self._graph_optimization_level = GraphOptimizationLevel(int(level))
+        except (TypeError, ValueError):
+            raise InvalidArgument(
+                f"graph_optimization_level must be one of "
+                f"{[str(x) for x in GraphOptimizationLevel]}, not {level!r}"
+            ) from None
 
     # config entries ----------------------------------------------------------------------------
     def add_session_config_entry(self, key: str, value: str) -> None:

@@ -54,8 +54,10 @@ class OrtValue:
         numpy_obj: Any, device_type: str = "cpu", device_id: int = 0, vendor_id: int = -1
     ) -> OrtValue:
         arr = numpy_obj if isinstance(numpy_obj, np.ndarray) else np.asarray(numpy_obj)
+        if arr.dtype.kind in "US":
+            arr = arr.astype(object)  # string tensors are object arrays (a copy, unavoidably)
         if device_type.lower() == "cpu":
-            return OrtValue(arr)
+            return OrtValue(arr)  # shares the array's memory, like onnxruntime
         env = get_environment()
         alloc, _ = env.allocator_for_device(device_type, device_id)
         t = allocate_tensor(alloc, arr.shape, arr.dtype)
@@ -143,6 +145,10 @@ class OrtValue:
     def element_type(self) -> int:
         return elem_type_of(self._tensor().dtype)
 
+    def tensor_size_in_bytes(self) -> int:
+        t = self._tensor()
+        return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+
     def device_name(self) -> str:
         return device_of(self._value).type if self.is_tensor() else "cpu"
 
@@ -191,10 +197,12 @@ class OrtValue:
             raise InvalidArgument(f"execution provider '{d.ep_name}' cannot export DLPack tensors")
         return exporter(t)
 
-    def __dlpack__(self, stream: Any = None) -> Any:
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        """DLPack export; keyword arguments of newer protocol versions (``max_version``,
+        ``dl_device``, ``copy``) are passed on to numpy for host tensors."""
         t = self._tensor()
         if isinstance(t, np.ndarray):
-            return t.__dlpack__()
+            return t.__dlpack__(stream=stream, **kwargs)
         return self.to_dlpack()
 
     def __dlpack_device__(self) -> tuple[int, int]:
