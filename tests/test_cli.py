@@ -303,3 +303,65 @@ def test_conformance_subset(capsys, tmp_path):
     assert "pass_rate=" in out
     cases = json.loads(out_json.read_text())["cases"]
     assert sorted(c["name"] for c in cases) == ["test_abs", "test_neg", "test_relu"]
+
+
+# with a device plugin (the virtual-device test plugin from tests/plugins) ---------------------
+
+
+@pytest.fixture
+def relu_neg_model(tmp_path):
+    """Relu (which the virtual device has a kernel for) then Neg (which it has not)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
+        "relu_neg",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    path = tmp_path / "relu_neg.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_run_on_a_device_plugin_shows_copy_nodes(capsys, virt, relu_neg_model, tmp_path):
+    name = virt.name
+    rc, out, err = run_cli(
+        capsys,
+        "run",
+        str(relu_neg_model),
+        "--provider",
+        name,
+        "--provider",
+        "CPUExecutionProvider",
+        "--provider-option",
+        f"{name}:streams=none",
+        "--output-dir",
+        str(tmp_path),
+    )
+    assert rc == 0, err
+    assert re.search(rf"{name}\s+1 nodes\s+\(Relu 1\)", out)
+    assert re.search(r"CPUExecutionProvider\s+1 nodes\s+\(Neg 1\)", out)
+    # the feed is placed on the device by the session; the result comes back through a copy
+    assert "(2 nodes, 1 copy nodes)" in out
+    assert f"copies: 1 x MemcpyToHost on {name}" in out
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)  # the CLI's seed 0
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), -np.maximum(x, 0))
+
+
+def test_providers_and_parity_see_a_registered_plugin(capsys, virt):
+    name = virt.name
+    rc, out, _ = run_cli(capsys, "providers")
+    assert rc == 0
+    assert f"{name} (onnxplug-tests) on NPU:0" in out
+    assert "virt_device_id=0" in out
+    rc, out, err = run_cli(capsys, "parity", "--provider", name)
+    assert rc == 0, err
+    assert f"{name}: domain ai.onnx" in out
+    assert re.search(r"^\s+Relu\s+1,6,13,14\s+\S+\s+(full|partial)", out, re.M)
+    assert re.search(r"^\s+Conv\s+.*\s+none\s+v1 ", out, re.M)
+
+
+def test_conformance_check_against_the_expected_failures(capsys):
+    # cases outside the expected-failure list that pass: the check holds
+    rc, out, err = run_cli(capsys, "conformance", "--pattern", r"^test_(relu|abs)$", "--check")
+    assert rc == 0, err
+    assert "passed=2" in out

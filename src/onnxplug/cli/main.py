@@ -368,9 +368,14 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                 f"--pattern '{args.pattern}' is not a valid regular expression: {e}"
             ) from None
     assert providers is not None
+    kwargs = {"check": True} if args.check else {}
     return int(
         main_run(
-            providers=providers, pattern=args.pattern, json_path=args.json, verbose=args.verbose
+            providers=providers,
+            pattern=args.pattern,
+            json_path=args.json,
+            verbose=args.verbose,
+            **kwargs,
         )
         or 0
     )
@@ -506,6 +511,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pattern", metavar="REGEX", help="only cases whose name matches REGEX")
     p.add_argument("--json", metavar="FILE", help="write every case's result to FILE")
     p.add_argument("-v", "--verbose", action="store_true", help="list the cases that did not pass")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when CPU results contradict the checked-in expected-failure list",
+    )
     p.set_defaults(func=cmd_conformance)
 
     p = sub.add_parser("providers", help="list providers, EP devices and plugin load errors")
