@@ -8,6 +8,7 @@ ops are expanded later, by the partitioner, only where no provider has a kernel 
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -71,11 +72,22 @@ def _iter_tensors(graph: onnx.GraphProto):
     for sparse in graph.sparse_initializer:
         yield sparse.values
         yield sparse.indices
-    for node in graph.node:
+    yield from _iter_node_tensors(graph.node)
+
+
+def _iter_node_tensors(nodes):
+    """Tensors held by node attributes, subgraphs included."""
+    for node in nodes:
         for attr in node.attribute:
             if attr.HasField("t"):
                 yield attr.t
             yield from attr.tensors
+            if attr.HasField("sparse_tensor"):
+                yield attr.sparse_tensor.values
+                yield attr.sparse_tensor.indices
+            for sp in attr.sparse_tensors:
+                yield sp.values
+                yield sp.indices
             if attr.HasField("g"):
                 yield from _iter_tensors(attr.g)
             for g in attr.graphs:
@@ -111,8 +123,26 @@ def safe_external_path(base_dir: Path, location: str, tensor_name: str) -> Path:
     return target
 
 
+def _int_field(info: dict[str, str], key: str, tensor_name: str) -> int | None:
+    raw = info.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidGraph(
+            f"initializer '{tensor_name}': external data {key} '{raw}' is not a byte count"
+        )
+    return value
+
+
 def load_external_data(proto: ModelProto, base_dir: Path | None) -> None:
-    for tensor in _iter_tensors(proto.graph):
+    tensors = itertools.chain(
+        _iter_tensors(proto.graph), *(_iter_node_tensors(f.node) for f in proto.functions)
+    )
+    for tensor in tensors:
         if tensor.data_location != TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in tensor.external_data}
@@ -122,17 +152,18 @@ def load_external_data(proto: ModelProto, base_dir: Path | None) -> None:
                 "from a file, so there is no folder to read it from; load the model by path"
             )
         path = safe_external_path(base_dir, info.get("location", ""), tensor.name)
-        offset = int(info.get("offset", 0) or 0)
-        length = info.get("length")
+        offset = _int_field(info, "offset", tensor.name) or 0
+        length = _int_field(info, "length", tensor.name)
         size = path.stat().st_size
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(int(length)) if length is not None else f.read()
-        if length is not None and len(data) != int(length):
+        end = size if length is None else offset + length
+        if offset > size or end > size:
             raise Fail(
                 f"initializer '{tensor.name}': external data file '{path.name}' holds "
                 f"{size} bytes; offset {offset} + length {length} runs past its end"
             )
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(end - offset)
         tensor.raw_data = data
         del tensor.external_data[:]
         tensor.data_location = TensorProto.DEFAULT
