@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -39,6 +40,18 @@ class PluginRegistry:
         self._libs: dict[str, RegisteredLibrary] = {}
         self._lock = threading.RLock()
         self._discovered = False
+        self._unload_listeners: list[Callable[[EpFactory], None]] = []
+
+    def add_unload_listener(self, fn: Callable[[EpFactory], None]) -> None:
+        """Call ``fn(factory)`` when a loaded factory is unregistered or replaced, so that
+        whoever holds its allocators and data transfer lets go of them."""
+        with self._lock:
+            self._unload_listeners.append(fn)
+
+    def _unloaded(self, lib: RegisteredLibrary | None) -> None:
+        if lib is not None and lib.factory is not None:
+            for fn in list(self._unload_listeners):
+                fn(lib.factory)
 
     # discovery ------------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -88,15 +101,20 @@ class PluginRegistry:
                 )
             lib = self._load(name, target, "registered")
             if lib.error:
-                del self._libs[name]
+                # keep what was there (the builtin CPU provider, say) working
+                if existing is not None:
+                    self._libs[name] = existing
+                else:
+                    del self._libs[name]
                 raise Fail(lib.error)
+            self._unloaded(existing)
 
     def unregister(self, name: str) -> None:
         self._discover()
         with self._lock:
             if name not in self._libs:
                 raise InvalidArgument(f"no execution provider library is registered as '{name}'")
-            del self._libs[name]
+            self._unloaded(self._libs.pop(name))
 
     def libraries(self) -> list[RegisteredLibrary]:
         self._discover()

@@ -6,9 +6,9 @@ prepared kernel, every slot the step after which it is dead. Runs are grouped by
 
 * the outputs of shape-only computations (Shape, and host ops that only combine shapes and
   constants): later runs with the same signature take them as constants and skip those nodes;
-* every device allocation made through ``ctx.output`` and its lifetime: later runs get a
-  static memory plan, one block per device with precomputed offsets (onnxruntime's memory
-  patterns), so the steady state makes no per-tensor allocations.
+* every device allocation made through ``ctx.output``, its lifetime and the streams that touch
+  it: later runs get a static memory plan, one block per device with precomputed offsets
+  (onnxruntime's memory patterns), so the steady state makes no per-tensor allocations.
 
 A run executes a flat list of ``(compute, ctx, release)`` tuples on a pooled *frame* (values
 list + contexts + streams), so concurrent runs never share mutable state.
@@ -16,9 +16,10 @@ list + contexts + streams), so concurrent runs never share mutable state.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,36 @@ NONDETERMINISTIC_OPS = frozenset(
     }
 )
 SHAPE_SOURCE_OPS = frozenset({"Shape", "Size"})
+_SHARED = object()  # memory-plan pool of allocations that more than one stream touches
+
+
+def assign_offsets(
+    items: Sequence[tuple[int, int, int]], align: int = _ALIGN
+) -> tuple[list[int], int]:
+    """Offsets in one block for allocations given as ``(nbytes, first step, last step)``.
+
+    Allocations whose step intervals (inclusive) intersect get disjoint, ``align``-aligned
+    byte ranges; the others may share memory. Greedy: largest first, each at the lowest
+    offset that fits between the already placed allocations it is live with. Returns the
+    offsets (in ``items`` order) and the block size.
+    """
+    order = sorted(range(len(items)), key=lambda k: (-items[k][0], items[k][1]))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
+    offsets = [0] * len(items)
+    total = 0
+    for k in order:
+        nbytes, start, end = items[k]
+        size = (nbytes + align - 1) // align * align
+        live = sorted((o, s) for o, s, a, b in placed if not (b < start or end < a))
+        offset = 0
+        for o, s in live:
+            if offset + size <= o:
+                break
+            offset = max(offset, o + s)
+        placed.append((offset, size, start, end))
+        offsets[k] = offset
+        total = max(total, offset + size)
+    return offsets, total
 
 
 @dataclass
@@ -74,7 +105,7 @@ class ExecutionPlan:
     feed_devices: list[Device | None]  # where each feed must live (None: anywhere)
     output_slots: list[int]
     steps: list[StepSpec]
-    # provider key -> (allocator for DEFAULT memory, stream factory or None)
+    # device -> allocator for DEFAULT memory; provider key -> its stream factory
     allocators: dict[Device, Allocator] = field(default_factory=dict)
     stream_factories: dict[str, Callable[[], Any]] = field(default_factory=dict)
     waits: dict[int, list[tuple[int, str]]] = field(
@@ -85,12 +116,14 @@ class ExecutionPlan:
 
 
 class _Recorder:
-    """Collects allocations of a signature's first run to build its memory plan."""
+    """Collects what a signature's first run teaches: allocations and folded values."""
 
     def __init__(self) -> None:
         self.allocs: list[tuple[int, int, Device, int]] = []  # (step, out index, device, nbytes)
         self.last_use: list[int] = []
+        self.streams: list[set[str | None]] = []  # providers whose streams touch each alloc
         self.escaped: set[int] = set()
+        self.folded: dict[int, Any] = {}  # outputs of foldable steps, taken before release
 
 
 @dataclass
@@ -116,7 +149,7 @@ class Frame:
         self.values: list[Any] = []
         self.steps: list[tuple[Callable[[Any], Any], Any, tuple[int, ...]]] = []
         self.ctxs: list[KernelContext | None] = []
-        self.streams: dict[str, Any] = {}
+        self.streams: dict[str, Any] = {}  # provider key -> its stream (None: synchronous)
         self.blocks: dict[Device, Allocation] = {}
 
 
@@ -136,6 +169,14 @@ def _tag(t: DeviceTensor, rec: _Recorder) -> int | None:
     return tag[1] if tag is not None and tag[0] is rec else None
 
 
+def _tags(v: Any, rec: _Recorder) -> list[int]:
+    """Recorded allocations a value (a tensor or a sequence of them) lives in."""
+    items = v if isinstance(v, list) else (v,)
+    return [
+        k for t in items if isinstance(t, DeviceTensor) for k in (_tag(t, rec),) if k is not None
+    ]
+
+
 class GraphRunner:
     """Runs an ``ExecutionPlan``; thread-safe (one frame per concurrent run)."""
 
@@ -145,7 +186,6 @@ class GraphRunner:
         self._lock = threading.Lock()
         self.profiling = False
         self.profile_events: list[dict[str, Any]] = []
-        self._release_after: list[tuple[int, ...]] = [s.release for s in plan.steps]
 
     # frames ---------------------------------------------------------------------------------
     def _make_frame(self, sig: SignaturePlan | None, recorder: _Recorder | None) -> Frame:
@@ -154,32 +194,39 @@ class GraphRunner:
         values: list[Any] = [None] * plan.n_slots
         for s, v in plan.constants.items():
             values[s] = v
+        folded: dict[int, Any] = {}
         if sig is not None:
-            f.folded = sig.folded
-            for s, v in sig.folded.items():
+            f.folded = folded = sig.folded
+            for s, v in folded.items():
                 values[s] = v
             for dev, size in sig.block_sizes.items():
                 f.blocks[dev] = allocate(plan.allocators[dev], size)
         f.values = values
         for key, make in plan.stream_factories.items():
             f.streams[key] = make()
+        # A producer without a stream has finished its work when its kernel returns: only
+        # producers with a stream get a notification for their consumers to wait on.
         notes: dict[int, Any] = {}
         for waits in plan.waits.values():
             for prod, key in waits:
-                if prod not in notes:
-                    notes[prod] = f.streams[key].create_notification()
+                stream = f.streams.get(key)
+                if prod not in notes and stream is not None:
+                    notes[prod] = stream.create_notification()
+        pending: tuple[int, ...] = ()  # slots whose last reader is a skipped step
         for i, spec in enumerate(plan.steps):
             if sig is not None and i in sig.skip_steps:
                 f.ctxs.append(None)
+                pending += spec.release
                 continue
+            stream = f.streams.get(spec.ep_key) if spec.ep_key else None
             for prod, _key in plan.waits.get(i, ()):
-                stream = f.streams.get(spec.ep_key) if spec.ep_key else None
-                note = notes[prod]
+                note = notes.get(prod)
+                if note is None:
+                    continue
                 if stream is None:
                     f.steps.append((_host_wait, note, ()))
                 else:
                     f.steps.append((note.wait_on_device, stream, ()))
-            stream = f.streams.get(spec.ep_key) if spec.ep_key else None
             out_alloc = tuple(
                 self._out_allocator(i, j, dev, f, sig, recorder, stream)
                 for j, dev in enumerate(spec.out_devices)
@@ -199,9 +246,11 @@ class GraphRunner:
                 stream,
             )
             f.ctxs.append(ctx)
-            release = spec.release
-            if recorder is not None:
-                release = ()
+            release: tuple[int, ...] = ()
+            if recorder is None:  # a recording run releases as it records
+                # folded values stay in the frame for the next run on it
+                release = tuple(r for r in pending + spec.release if r not in folded)
+                pending = ()
             f.steps.append((spec.kernel.compute, ctx, release))
             if i in notes:
                 f.steps.append((_activate, notes[i], ()))
@@ -227,6 +276,7 @@ class GraphRunner:
             return DeviceTensor(device, dt, shape, a.ptr, a)
 
         if recorder is not None:
+            key = self.plan.steps[step].ep_key
 
             def recording(shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
                 dt = np.dtype(dtype)
@@ -236,6 +286,7 @@ class GraphRunner:
                     a.tag = (recorder, len(recorder.allocs))
                     recorder.allocs.append((step, index, device, nbytes))
                     recorder.last_use.append(step)
+                    recorder.streams.append({key})
                 return DeviceTensor(device, dt, shape, a.ptr, a)
 
             return recording
@@ -268,22 +319,23 @@ class GraphRunner:
                 sig.append(type(v).__name__)
         return tuple(sig)
 
-    def _build_signature_plan(self, frame: Frame, recorder: _Recorder) -> SignaturePlan:
+    def _build_signature_plan(self, recorder: _Recorder) -> SignaturePlan:
         plan = self.plan
         folded: dict[int, Any] = {}
         skip: set[int] = set()
-        values = frame.values
+        outputs = set(plan.output_slots)
         for i, spec in enumerate(plan.steps):
             if not spec.foldable:
                 continue
-            # fold only when every output is present and a small host array
-            arrays: list[np.ndarray] = [
-                o
-                for o in (values[s] if s >= 0 else None for s in spec.out_slots)
-                if isinstance(o, np.ndarray) and o.size <= _FOLD_MAX_ELEMENTS
-            ]
-            if len(arrays) == len(spec.out_slots):
-                for s, o in zip(spec.out_slots, arrays):
+            outs = [(s, recorder.folded.get(s)) for s in spec.out_slots if s >= 0]
+            # Skip a step only when every output is a small host array that is not a graph
+            # output: what a run returns belongs to the caller, who may write to it.
+            if all(
+                isinstance(o, np.ndarray) and o.size <= _FOLD_MAX_ELEMENTS and s not in outputs
+                for s, o in outs
+            ):
+                for s, o in outs:
+                    o = np.array(o)  # a copy: the recorded array may be referenced elsewhere
                     o.flags.writeable = False
                     folded[s] = o
                 skip.add(i)
@@ -293,29 +345,35 @@ class GraphRunner:
     def _memory_plan(
         self, rec: _Recorder
     ) -> tuple[dict[tuple[int, int], tuple[Device, int, int]], dict[Device, int]]:
-        by_device: dict[Device, list[tuple[int, int, int, int]]] = {}
-        for k, (step, _index, dev, nbytes) in enumerate(rec.allocs):
+        # Memory is reused in step order, which is the order the work really runs in only on
+        # one stream. So each provider's stream gets its own region of the device block, and
+        # allocations that several streams touch live until the run ends (when every stream
+        # has been flushed).
+        n_steps = len(self.plan.steps)
+        pools: dict[tuple[Device, Any], list[int]] = {}
+        for k, (_step, _index, dev, _nbytes) in enumerate(rec.allocs):
             if k in rec.escaped:
                 continue
-            size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-            by_device.setdefault(dev, []).append((size, step, rec.last_use[k], k))
+            streams = rec.streams[k]
+            pool = next(iter(streams)) if len(streams) == 1 else _SHARED
+            pools.setdefault((dev, pool), []).append(k)
         offsets: dict[tuple[int, int], tuple[Device, int, int]] = {}
         sizes: dict[Device, int] = {}
-        for dev, items in by_device.items():
-            placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
-            total = 0
-            for size, start, end, k in sorted(items, key=lambda t: (-t[0], t[1])):
-                conflicts = sorted((o, s) for o, s, a, b in placed if not (b < start or end < a))
-                offset = 0
-                for o, s in conflicts:
-                    if offset + size <= o:
-                        break
-                    offset = max(offset, o + s)
-                placed.append((offset, size, start, end))
-                total = max(total, offset + size)
+        for (dev, pool), ks in pools.items():
+            items = [
+                (
+                    rec.allocs[k][3],
+                    rec.allocs[k][0],
+                    n_steps if pool is _SHARED else rec.last_use[k],
+                )
+                for k in ks
+            ]
+            offs, total = assign_offsets(items)
+            base = sizes.get(dev, 0)
+            for k, off in zip(ks, offs):
                 step, index, _, nbytes = rec.allocs[k]
-                offsets[(step, index)] = (dev, offset, nbytes)
-            sizes[dev] = total
+                offsets[(step, index)] = (dev, base + off, nbytes)
+            sizes[dev] = base + total
         return offsets, sizes
 
     # running --------------------------------------------------------------------------------
@@ -339,7 +397,7 @@ class GraphRunner:
         recorder = _Recorder()
         frame = self._make_frame(None, recorder)
         outs = self._execute(frame, feeds, run_options, recorder)
-        sig = self._build_signature_plan(frame, recorder)
+        sig = self._build_signature_plan(recorder)
         with self._lock:
             if len(self._signatures) >= _MAX_SIGNATURES:
                 self._signatures.pop(next(iter(self._signatures)))
@@ -356,52 +414,30 @@ class GraphRunner:
         for ctx in frame.ctxs:
             if ctx is not None:
                 ctx.run_options = run_options
-        steps = frame.steps
-        step: Any = None
-        # the recording and profiled loops report the step they are in, for error messages
-        current: list[Any] = [None]
+        step: Any = None  # the step running, for error messages
+        where: list[Any] = [None]  # the same, from the recording and profiling loops
+        failed = True
         try:
             if recorder is not None:
-                self._execute_recording(frame, recorder, current)
+                self._execute_recording(frame, recorder, where)
             elif self.profiling:
-                self._execute_profiled(frame, current)
+                self._execute_profiled(frame, where)
             else:
-                for step in steps:
+                for step in frame.steps:
                     step[0](step[1])
                     for r in step[2]:
                         values[r] = None
             outs = [values[s] for s in plan.output_slots]
-        except OnnxPlugError as e:
-            self._clear(frame)
-            step = step if step is not None else current[0]
-            if isinstance(step, tuple) and isinstance(step[1], KernelContext):
-                raise type(e)(self._node_message(step[1].info, e.message)) from e
-            raise
+            failed = False
         except Exception as e:
-            self._clear(frame)
-            step = step if step is not None else current[0]
-            info = (
-                step[1].info
-                if isinstance(step, tuple) and isinstance(step[1], KernelContext)
-                else None
-            )
-            if info is None:
-                raise Fail(f"run failed: {type(e).__name__}: {e}") from e
-            raise Fail(self._node_message(info, f"{type(e).__name__}: {e}")) from e
+            error = _run_error(where[0] if where[0] is not None else step, e)
+            if error is e:
+                raise
+            raise error from e
         finally:
-            for stream in frame.streams.values():
-                stream.on_session_run_end()
-        self._clear(frame)
+            self._clear(frame)
+            _end_run(frame, failed)
         return outs
-
-    @staticmethod
-    def _node_message(info: KernelInfo, msg: str) -> str:
-        if msg.startswith("Non-zero status code returned while running"):
-            return msg
-        return (
-            f"Non-zero status code returned while running {info.op_type} node. "
-            f"Name:'{info.name}' Status Message: {msg}"
-        )
 
     def _clear(self, frame: Frame) -> None:
         values = frame.values
@@ -411,7 +447,7 @@ class GraphRunner:
             if values[i] is not None and i not in keep and i not in folded:
                 values[i] = None
 
-    def _execute_recording(self, frame: Frame, rec: _Recorder, current: list[Any]) -> None:
+    def _execute_recording(self, frame: Frame, rec: _Recorder, where: list[Any]) -> None:
         plan = self.plan
         values = frame.values
         released_at: dict[int, int] = {}
@@ -419,47 +455,49 @@ class GraphRunner:
             for r in spec.release:
                 released_at[r] = i
         step_of = {id(c): i for i, c in enumerate(frame.ctxs) if c is not None}
+        profiling = self.profiling
         for step in frame.steps:
-            current[0] = step
+            where[0] = step
+            t0 = time.perf_counter_ns() if profiling else 0
             step[0](step[1])
             ctx = step[1]
             if not isinstance(ctx, KernelContext):
                 continue
+            if profiling:
+                self._profile(ctx.info, t0, time.perf_counter_ns())
             i = step_of[id(ctx)]
             spec = plan.steps[i]
+            for s in itertools.chain(spec.in_slots, spec.implicit_slots):
+                if s >= 0:
+                    for k in _tags(values[s], rec):
+                        rec.streams[k].add(spec.ep_key)
             for s in spec.out_slots:
                 if s < 0:
                     continue
                 v = values[s]
+                if spec.foldable:
+                    rec.folded[s] = v
                 if isinstance(v, DeviceTensor):
                     k = _tag(v, rec)
                     if k is not None:
+                        rec.streams[k].add(spec.ep_key)  # a view made by another provider
                         end = released_at.get(s)
                         if end is None:
                             rec.escaped.add(k)
                         else:
                             rec.last_use[k] = max(rec.last_use[k], end)
-                elif isinstance(v, list):
-                    for item in v:
-                        if isinstance(item, DeviceTensor):
-                            k = _tag(item, rec)
-                            if k is not None:
-                                rec.escaped.add(k)
+                else:
+                    rec.escaped.update(_tags(v, rec))
             for r in spec.release:
                 values[r] = None
         # outputs that are views of recorded blocks escape the run
         for s in plan.output_slots:
-            v = values[s]
-            if isinstance(v, DeviceTensor):
-                k = _tag(v, rec)
-                if k is not None:
-                    rec.escaped.add(k)
+            rec.escaped.update(_tags(values[s], rec))
 
-    def _execute_profiled(self, frame: Frame, current: list[Any]) -> None:
+    def _execute_profiled(self, frame: Frame, where: list[Any]) -> None:
         values = frame.values
-        events = self.profile_events
         for step in frame.steps:
-            current[0] = step
+            where[0] = step
             t0 = time.perf_counter_ns()
             step[0](step[1])
             t1 = time.perf_counter_ns()
@@ -467,22 +505,61 @@ class GraphRunner:
                 values[r] = None
             ctx = step[1]
             if isinstance(ctx, KernelContext):
-                info = ctx.info
-                events.append(
-                    {
-                        "cat": "Node",
-                        "name": f"{info.name}_kernel_time",
-                        "ph": "X",
-                        "ts": t0 // 1000,
-                        "dur": max(1, (t1 - t0) // 1000),
-                        "pid": 0,
-                        "tid": threading.get_ident() % 100000,
-                        "args": {
-                            "op_name": info.op_type,
-                            "provider": getattr(info.ep, "name", ""),
-                        },
-                    }
-                )
+                self._profile(ctx.info, t0, t1)
+
+    def _profile(self, info: KernelInfo, t0: int, t1: int) -> None:
+        self.profile_events.append(
+            {
+                "cat": "Node",
+                "name": f"{info.name}_kernel_time",
+                "ph": "X",
+                "ts": t0 // 1000,
+                "dur": max(1, (t1 - t0) // 1000),
+                "pid": 0,
+                "tid": threading.get_ident() % 100000,
+                "args": {
+                    "op_name": info.op_type,
+                    "provider": getattr(info.ep, "name", ""),
+                },
+            }
+        )
+
+
+def _node_message(info: KernelInfo, msg: str) -> str:
+    if msg.startswith("Non-zero status code returned while running"):
+        return msg
+    return (
+        f"Non-zero status code returned while running {info.op_type} node. "
+        f"Name:'{info.name}' Status Message: {msg}"
+    )
+
+
+def _run_error(step: Any, e: Exception) -> Exception:
+    """The error a run raises for ``e``, naming the node of ``step`` when it was a kernel."""
+    info = step[1].info if isinstance(step, tuple) and isinstance(step[1], KernelContext) else None
+    if isinstance(e, OnnxPlugError):
+        return type(e)(_node_message(info, e.message)) if info is not None else e
+    if info is None:
+        return Fail(f"run failed: {type(e).__name__}: {e}")
+    return Fail(_node_message(info, f"{type(e).__name__}: {e}"))
+
+
+def _end_run(frame: Frame, failed: bool) -> None:
+    """Tell every stream of the run that it ended (they drain their queued work).
+
+    Every stream is told even when one fails; a failure is raised only when the run itself
+    succeeded, so that it never hides the error that made the run fail.
+    """
+    first: Exception | None = None
+    for stream in frame.streams.values():
+        if stream is None:
+            continue
+        try:
+            stream.on_session_run_end()
+        except Exception as e:
+            first = first or e
+    if first is not None and not failed:
+        raise Fail(f"run failed: {type(first).__name__}: {first}") from first
 
 
 def _host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -504,4 +581,4 @@ def _scratch_fn(allocator: Allocator, stream: Any) -> Callable[[int], Allocation
     return scratch
 
 
-__all__ = ["CPU", "ExecutionPlan", "GraphRunner", "StepSpec"]
+__all__ = ["CPU", "ExecutionPlan", "GraphRunner", "StepSpec", "assign_offsets"]

@@ -35,6 +35,65 @@ from ..optimizer.functions import expand
 
 _MAX_EXPANSION_DEPTH = 8
 _COPY_DEF = KernelDef(MEMCPY_FROM_HOST)
+# Ops whose output shapes follow from the *values* of these inputs: the shapes are fixed by
+# the input-shape signature only when those inputs are constants or folded shape values.
+_VALUE_SHAPED_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Tile": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Range": (0, 1, 2),
+    "ConstantOfShape": (0,),
+    "OneHot": (1,),
+    "TopK": (1,),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "Pad": (1, 3),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    "Split": (1,),
+    "CenterCropPad": (1,),
+    "MaxUnpool": (2,),
+    "Col2Im": (1, 2),
+    "AffineGrid": (1,),
+    "DFT": (1, 2),
+    "STFT": (1, 2, 3),
+    "MelWeightMatrix": (0, 1, 2),
+    "HannWindow": (0,),
+    "HammingWindow": (0,),
+    "BlackmanWindow": (0,),
+    **{
+        f"Reduce{r}": (1,)
+        for r in ("Sum", "Mean", "Max", "Min", "Prod", "L1", "L2", "LogSum", "LogSumExp")
+    },
+    "ReduceSumSquare": (1,),
+}
+# Ops whose output shapes depend on input data or on control flow: never fixed by the signature
+# (onnxruntime's data-dependent ops; their dependants fall back to dynamic shapes).
+_DATA_SHAPED_OPS = frozenset(
+    {
+        "NonZero",
+        "Unique",
+        "NonMaxSuppression",
+        "Compress",
+        "StringSplit",
+        "StringNormalizer",
+        "ImageDecoder",
+        "If",
+        "Loop",
+        "Scan",
+        "Optional",
+        "OptionalGetElement",
+        "SplitToSequence",
+        "SequenceAt",
+        "SequenceConstruct",
+        "SequenceEmpty",
+        "SequenceErase",
+        "SequenceInsert",
+        "SequenceMap",
+        "ConcatFromSequence",
+    }
+)
 
 
 @dataclass
@@ -254,6 +313,8 @@ def build_runner(
     specs: list[StepSpec] = []
     producer_step: dict[int, int] = {}
     static: set[int] = set(constants)
+    # slots whose shapes the input-shape signature fixes (Shape/Size of them can be folded)
+    shaped: set[int] = set(constants) | {slot_of[f] for f in feed_names}
     allocators: dict[Device, Any] = {}
     stream_factories: dict[str, Any] = {}
     for n, step_a, actual in steps_nodes:
@@ -294,6 +355,8 @@ def build_runner(
         implicit = tuple(
             slot(value_on(x, CPU) if x in graph.initializers else x) for x in n.implicit_inputs
         )
+        if _shape_follows_signature(n, in_slots, shaped, static):
+            shaped.update(s for s in out_slots if s >= 0)
         foldable = False
         if (
             ep.device.is_cpu
@@ -302,7 +365,7 @@ def build_runner(
             and step_a is not None
         ):
             if n.op_type in SHAPE_SOURCE_OPS and n.domain == "":
-                foldable = True
+                foldable = bool(in_slots) and in_slots[0] in shaped
             else:
                 foldable = all(s < 0 or s in static for s in in_slots)
         if foldable:
@@ -376,6 +439,18 @@ def build_runner(
         )
     runner = GraphRunner(plan)
     return runner, feed_devices
+
+
+def _shape_follows_signature(
+    node: Node, in_slots: tuple[int, ...], shaped: set[int], static: set[int]
+) -> bool:
+    """Whether the shapes of ``node``'s outputs are fixed by the input-shape signature."""
+    if node.domain not in ("", "ai.onnx") or node.op_type in _DATA_SHAPED_OPS:
+        return False  # unknown domains: assume the worst
+    if not all(s < 0 or s in shaped for s in in_slots):
+        return False
+    value_inputs = _VALUE_SHAPED_INPUTS.get(node.op_type, ())
+    return all(i >= len(in_slots) or in_slots[i] < 0 or in_slots[i] in static for i in value_inputs)
 
 
 def _check_inputs_defined(graph, specs, slot_names, producer_step, feed_slots, constants) -> None:

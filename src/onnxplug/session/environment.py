@@ -9,26 +9,39 @@ from ..ep.api import Ep, EpDevice, EpFactory, supports
 from ..ep.loader import REGISTRY, PluginRegistry
 from ..errors import InvalidArgument
 from ..framework.memory import Allocator, Device, MemoryInfo
-from ..framework.stream import DataTransferManager
+from ..framework.stream import DataTransfer, DataTransferManager
 
 
 class Environment:
     def __init__(self, registry: PluginRegistry):
         self.registry = registry
         self.transfer = DataTransferManager()
+        # keyed by id(factory): entries are dropped when the factory is unloaded, so an id
+        # is never that of a dead factory
         self._allocators: dict[tuple[int, MemoryInfo], Allocator] = {}
-        self._registered_transfers: set[int] = set()
+        self._transfers: dict[int, DataTransfer | None] = {}
         self._lock = threading.RLock()
+        registry.add_unload_listener(self._forget)
 
     def ensure_transfer(self, factory: EpFactory) -> None:
         with self._lock:
-            if id(factory) in self._registered_transfers:
+            if id(factory) in self._transfers:
                 return
-            self._registered_transfers.add(id(factory))
+            dt = None
             if supports(getattr(factory, "api_version", 1), "data_transfer"):
                 dt = factory.create_data_transfer()
                 if dt is not None:
                     self.transfer.register(dt)
+            self._transfers[id(factory)] = dt
+
+    def _forget(self, factory: EpFactory) -> None:
+        """Release what the environment holds of an unloaded factory."""
+        with self._lock:
+            dt = self._transfers.pop(id(factory), None)
+            if dt is not None:
+                self.transfer.unregister(dt)
+            for key in [k for k in self._allocators if k[0] == id(factory)]:
+                factory.release_allocator(self._allocators.pop(key))
 
     def shared_allocator(self, factory: EpFactory, memory_info: MemoryInfo) -> Allocator:
         key = (id(factory), memory_info)

@@ -128,14 +128,9 @@ class Reshape(VirtKernel):
                 f"{type(spec).__name__}"
             )
         allow_zero = bool(self.info.attr("allowzero", 0))
-        dims = [int(d) for d in spec.reshape(-1)]
-        if not allow_zero:
-            dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
-        if -1 in dims:
-            known = shapes.size_of([d for d in dims if d != -1])
-            dims[dims.index(-1)] = x.size // known if known else 0
+        dims = shapes.reshape_shape(x.shape, spec.reshape(-1).tolist(), allow_zero)
         self.info.ep.factory.stats.add("op:Reshape")
-        ctx.set_output(0, x.view(tuple(dims)))
+        ctx.set_output(0, x.view(dims))
 
 
 @REGISTRY.kernel("Softmax", since=13, types={"T": FLOATS})
