@@ -18,14 +18,14 @@ if _ROOT not in sys.path:
 import onnxplug  # noqa: E402
 from tests.plugins import virtual_device as vd  # noqa: E402
 
-_TARGET = "tests.plugins.virtual_device:"
+VIRT = "tests.plugins.virtual_device"
 
 
 @contextlib.contextmanager
-def registered(name: str, factory_fn: str) -> Iterator[vd.VirtualDeviceFactory]:
-    """Register a plugin under ``name`` from ``tests.plugins.virtual_device:<factory_fn>``
-    and yield its factory; unregister afterwards."""
-    onnxplug.register_execution_provider_library(name, _TARGET + factory_fn)
+def registered(name: str, target: str) -> Iterator[vd.VirtualDeviceFactory]:
+    """Register the plugin ``target`` ("package.module:factory") as ``name`` and yield its
+    factory; unregister afterwards."""
+    onnxplug.register_execution_provider_library(name, target)
     try:
         yield next(d.factory for d in onnxplug.get_ep_devices() if d.ep_name == name)
     finally:
@@ -35,19 +35,19 @@ def registered(name: str, factory_fn: str) -> Iterator[vd.VirtualDeviceFactory]:
 @pytest.fixture
 def virt() -> Iterator[vd.VirtualDeviceFactory]:
     """The virtual device ``virt:0`` as VirtualDeviceExecutionProvider."""
-    with registered(vd.NAME, "create_factory") as f:
+    with registered(vd.NAME, f"{VIRT}:create_factory") as f:
         yield f
 
 
 @pytest.fixture
 def virt1() -> Iterator[vd.VirtualDeviceFactory]:
     """A second virtual device, ``virt:1``, as VirtualDevice1ExecutionProvider."""
-    with registered(vd.SECOND_NAME, "create_second_factory") as f:
+    with registered(vd.SECOND_NAME, f"{VIRT}:create_second_factory") as f:
         yield f
 
 
 @pytest.fixture
 def virt_b() -> Iterator[vd.VirtualDeviceFactory]:
     """A second provider on ``virt:0`` (VirtualDeviceBExecutionProvider)."""
-    with registered(vd.SHARED_DEVICE_NAME, "create_shared_device_factory") as f:
+    with registered(vd.SHARED_DEVICE_NAME, f"{VIRT}:create_shared_device_factory") as f:
         yield f

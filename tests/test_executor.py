@@ -232,16 +232,6 @@ def test_device_kernel_errors_name_the_node_and_free_the_run(virt):
         np.testing.assert_array_equal(y, np.full((4, 3), 5, np.float32))
 
 
-def test_unclaimed_op_without_cpu_fallback_is_not_implemented(virt):
-    so = ox.SessionOptions()
-    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    with pytest.raises(ox.errors.NotImplemented, match="Tanh.*Tanh_y"):
-        ox.InferenceSession(graphs.chain("Tanh", 1), so, providers=[vd.NAME])
-    # with the fallback the host runs it
-    sess = ox.InferenceSession(graphs.chain("Tanh", 1), providers=[vd.NAME])
-    assert sess.get_providers() == [vd.NAME, CPU]
-
-
 # ---------------------------------------------------------------------------------------------
 # profiling
 

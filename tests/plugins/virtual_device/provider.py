@@ -47,6 +47,7 @@ class VirtualDeviceEp(Ep):
         if self.stream_mode not in STREAM_MODES:
             raise ValueError(f"streams must be one of {STREAM_MODES}, got '{self.stream_mode}'")
         factory.eps_created += 1
+        factory.last_config = config
 
     def get_kernel_registry(self) -> KernelRegistry:
         return REGISTRY
@@ -80,6 +81,7 @@ class VirtualDeviceFactory(EpFactory):
         self.allocator = VirtAllocator(self.memory_info)
         self.stats = Stats()
         self.eps_created = 0
+        self.last_config: SessionConfig | None = None  # what the last EP was created with
 
     def get_supported_devices(self, hardware: list[HardwareDevice]) -> list[EpDevice]:
         # the host only discovers the CPU: the plugin enumerates its own device
