@@ -33,6 +33,10 @@ def to_numpy(value: Any) -> Any:
         out = np.empty(value.shape, dtype=value.dtype)
         get_environment().transfer_for(value.device).copy(value, out)
         return out
+    if isinstance(value, np.ndarray) and value.dtype.kind in "US":
+        # string tensors leave the runtime as object arrays of str, as in onnxruntime, even
+        # where a kernel (onnx.reference's Cast to string) produced a fixed-width array
+        return value.astype(object)
     if isinstance(value, list):
         return [to_numpy(v) for v in value]
     if isinstance(value, dict):
