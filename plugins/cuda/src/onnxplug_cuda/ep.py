@@ -89,7 +89,19 @@ class CudaEp(Ep):
         return self.factory.kernel_registry(self.options)
 
     def get_capability(self, graph: GraphView) -> list[Any]:
-        claimed = [n for n in graph.nodes if graph.lookup_kernel(n) is not None]
+        reg = self.get_kernel_registry()
+        claimed = []
+        for n in graph.nodes:
+            hit = reg.lookup(
+                n.op_type, n.domain, n.since_version, graph.input_dtypes(n), graph.output_dtypes(n)
+            )
+            # a kernel class may decline a node its types match but its attributes do not
+            # (a Resize mode it does not implement, Dropout in training mode)
+            if hit is None:
+                continue
+            claims = getattr(hit[1], "claims", None)
+            if claims is None or claims(n, graph):
+                claimed.append(n)
         cpu_preferred = self._cpu_preferred(graph)
         return [n for n in claimed if id(n) not in cpu_preferred]
 

@@ -73,7 +73,9 @@ class NumpyBackend:
         return t.host_array()
 
     def wrap(self, arr: Any, dtype: Any = None) -> DeviceTensor:
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr)
+        if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+            arr = np.ascontiguousarray(arr)
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             arr = arr.view(dtype)
         return DeviceTensor(

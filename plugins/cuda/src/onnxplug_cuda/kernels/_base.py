@@ -44,6 +44,14 @@ class CudaKernel(Kernel):
         self.be = info.ep.backend
         self.xp = self.be.xp
 
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        """Whether this kernel computes ``node`` as written. The registry matched its opset
+        and types already; a kernel that implements only some attribute values (or needs a
+        constant input, ``graph.graph.initializers``) returns False for the others, and the
+        node goes to the next provider."""
+        return True
+
     def arg(self, ctx: KernelContext, i: int) -> Any:
         """Input ``i`` as an array (None when an optional input is absent)."""
         t = ctx.input(i)

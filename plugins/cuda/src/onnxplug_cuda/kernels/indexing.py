@@ -1,0 +1,516 @@
+"""Gathers, scatters and data-dependent selections on the CUDA device: Gather,
+GatherElements, GatherND, ScatterND, ScatterElements (and the deprecated Scatter), NonZero,
+Compress, OneHot and ReverseSequence.
+
+ONNX allows negative indices (counted from the end of the axis): they are wrapped here with
+``% dim`` (or ``+ dim`` in the custom kernels) before use; CuPy's ``take`` wraps them too.
+Out-of-range indices are an error in ONNX and are not checked on the device (that would
+need a host synchronisation per call).
+
+Two small CUDA kernels (CuPy ElementwiseKernels) cover what array calls do badly:
+
+* ``GatherElements``/``ScatterElements``: one thread per index element computes the data
+  offset from its own coordinates (``_ind.get()``) with the indexed axis replaced, instead of
+  building and broadcasting one coordinate grid per dimension;
+* scatter reductions (add/mul/max/min, opsets 16/18): an atomic read-modify-write per update,
+  a compare-and-swap loop on the aligned 32- or 64-bit word holding the element, so every
+  fixed-size type works (CUDA has native atomics for a few types only), and duplicates in
+  the indices combine like ``numpy.ufunc.at``.
+
+Under the host simulation (``xp`` is numpy) the same ops use numpy equivalents
+(``take_along_axis``, ``ufunc.at`` on offsets computed the same way).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
+
+from ._base import ALL_FIXED, ALL_FIXED_BF16, BF16, NUMERIC, CudaKernel
+from .tensor import CPU, INDEX
+
+REDUCTIONS = ("none", "add", "mul", "max", "min")
+_UFUNCS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+# ---------------------------------------------------------------------------------------------
+# CUDA sources
+
+_ATOMIC = r"""
+template <typename T> struct onnxplug_op_add {
+  __device__ static T f(const T& a, const T& b) { return a + b; }
+};
+template <typename T> struct onnxplug_op_mul {
+  __device__ static T f(const T& a, const T& b) { return a * b; }
+};
+// max/min propagate a NaN update like numpy.maximum/minimum (b != b only for NaN)
+template <typename T> struct onnxplug_op_max {
+  __device__ static T f(const T& a, const T& b) { return (b > a || b != b) ? b : a; }
+};
+template <typename T> struct onnxplug_op_min {
+  __device__ static T f(const T& a, const T& b) { return (b < a || b != b) ? b : a; }
+};
+
+template <bool B> struct onnxplug_wide {};
+
+// *p = Op::f(*p, v) atomically: compare-and-swap on the 64-bit word of an 8-byte element.
+template <typename Op, typename T>
+__device__ void onnxplug_atomic_impl(T* p, T v, onnxplug_wide<true>) {
+  unsigned long long* w = reinterpret_cast<unsigned long long*>(p);
+  unsigned long long old = *w, assumed;
+  do {
+    assumed = old;
+    T cur;
+    memcpy(&cur, &assumed, sizeof(T));
+    T nv = Op::f(cur, v);
+    unsigned long long bits;
+    memcpy(&bits, &nv, sizeof(T));
+    old = atomicCAS(w, assumed, bits);
+  } while (assumed != old);
+}
+
+// Elements of 1, 2 or 4 bytes: compare-and-swap on the aligned 32-bit word holding them
+// (little endian: the element is the word's bits [shift, shift + 8 * sizeof(T))).
+template <typename Op, typename T>
+__device__ void onnxplug_atomic_impl(T* p, T v, onnxplug_wide<false>) {
+  const size_t addr = reinterpret_cast<size_t>(p);
+  unsigned int* w = reinterpret_cast<unsigned int*>(addr & ~static_cast<size_t>(3));
+  const unsigned int shift = static_cast<unsigned int>(addr & 3) * 8u;
+  const unsigned int mask = sizeof(T) == 4
+      ? 0xffffffffu : ((1u << (8u * (sizeof(T) & 3u))) - 1u) << shift;
+  unsigned int old = *w, assumed;
+  do {
+    assumed = old;
+    unsigned int bits = (assumed & mask) >> shift;
+    T cur;
+    memcpy(&cur, &bits, sizeof(T));
+    T nv = Op::f(cur, v);
+    unsigned int nb = 0;
+    memcpy(&nb, &nv, sizeof(T));
+    old = atomicCAS(w, assumed, (assumed & ~mask) | ((nb << shift) & mask));
+  } while (assumed != old);
+}
+
+template <typename Op, typename T>
+__device__ void onnxplug_atomic(T* p, T v) {
+  onnxplug_atomic_impl<Op>(p, v, onnxplug_wide<(sizeof(T) == 8)>());
+}
+"""
+
+# Offset (in bytes) of the data element an index element addresses: its own coordinates
+# (reduce_dims=False keeps them N-D) with the indexed axis replaced by the wrapped index.
+_ELEMENT_OFFSET = r"""
+const ptrdiff_t* pos = _ind.get();
+const ptrdiff_t* st = DATA.strides();
+ptrdiff_t v = static_cast<ptrdiff_t>(idx);
+if (v < 0) v += dim;
+ptrdiff_t off = 0;
+for (int d = 0; d < _ind.ndim; ++d) off += (d == axis ? v : pos[d]) * st[d];
+"""
+
+_UPDATE = {
+    "none": "*p = u;",
+    "add": "onnxplug_atomic<onnxplug_op_add<T> >(p, u);",
+    "mul": "onnxplug_atomic<onnxplug_op_mul<T> >(p, u);",
+    "max": "onnxplug_atomic<onnxplug_op_max<T> >(p, u);",
+    "min": "onnxplug_atomic<onnxplug_op_min<T> >(p, u);",
+}
+
+_kernels: dict[str, Any] = {}
+
+
+def _cupy_kernel(key: str, make: Any) -> Any:
+    k = _kernels.get(key)
+    if k is None:
+        import cupy
+
+        k = _kernels[key] = make(cupy)
+    return k
+
+
+def _gather_elements_kernel() -> Any:
+    body = _ELEMENT_OFFSET.replace("DATA", "x") + (
+        "y = *reinterpret_cast<const T*>(reinterpret_cast<const char*>(&x[0]) + off);"
+    )
+    return _cupy_kernel(
+        "gather_elements",
+        lambda cp: cp.ElementwiseKernel(
+            "S idx, raw T x, int64 axis, int64 dim",
+            "T y",
+            body,
+            "onnxplug_gather_elements",
+            reduce_dims=False,
+        ),
+    )
+
+
+def _scatter_elements_kernel(reduction: str) -> Any:
+    body = _ELEMENT_OFFSET.replace("DATA", "y") + (
+        "T* p = reinterpret_cast<T*>(reinterpret_cast<char*>(&y[0]) + off);\n" + _UPDATE[reduction]
+    )
+    return _cupy_kernel(
+        f"scatter_elements_{reduction}",
+        lambda cp: cp.ElementwiseKernel(
+            "S idx, T u, int64 axis, int64 dim",
+            "raw T y",
+            body,
+            f"onnxplug_scatter_elements_{reduction}",
+            preamble=_ATOMIC,
+            reduce_dims=False,
+        ),
+    )
+
+
+def _scatter_flat_kernel(reduction: str) -> Any:
+    body = "T* p = &y[off];\n" + _UPDATE[reduction]
+    return _cupy_kernel(
+        f"scatter_flat_{reduction}",
+        lambda cp: cp.ElementwiseKernel(
+            "int64 off, T u",
+            "raw T y",
+            body,
+            f"onnxplug_scatter_flat_{reduction}",
+            preamble=_ATOMIC,
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy equivalents (host simulation)
+
+
+def _np_element_offsets(idx: np.ndarray, axis: int, data_shape: tuple[int, ...]) -> np.ndarray:
+    """Flat offsets into a C-contiguous ``data_shape`` array of GatherElements' or
+    ScatterElements' index elements (what ``_ELEMENT_OFFSET`` computes per thread)."""
+    strides = [1] * len(data_shape)
+    for d in range(len(data_shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * data_shape[d + 1]
+    grids = list(np.indices(idx.shape, sparse=True))
+    dim = data_shape[axis]
+    grids[axis] = np.where(idx < 0, idx.astype(np.int64) + dim, idx)
+    off = np.zeros(idx.shape, dtype=np.int64)
+    for g, s in zip(grids, strides):
+        off = off + g.astype(np.int64) * s
+    return off
+
+
+def _np_scatter(flat: np.ndarray, off: np.ndarray, upd: np.ndarray, reduction: str) -> None:
+    if reduction == "none":
+        flat[off.reshape(-1)] = upd.reshape(-1)
+    else:
+        _UFUNCS[reduction].at(flat, off.reshape(-1), upd.reshape(-1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Gathers
+
+
+class Gather(CudaKernel):
+    """Gather along ``axis`` with ``xp.take`` into the planned output (int32 or int64
+    indices, negative ones wrapped)."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", 0))
+
+    def compute(self, ctx: KernelContext) -> None:
+        t, it = ctx.input(0), ctx.input(1)
+        axis = shapes.normalize_axis(self.axis, t.ndim)
+        out_shape = t.shape[:axis] + it.shape + t.shape[axis + 1 :]
+        y = self.alloc(ctx, 0, out_shape, t.dtype)
+        if not y.size:
+            return
+        if not t.shape[axis]:
+            raise IndexError(f"Gather: indices into an empty axis {axis} of {list(t.shape)}")
+        self.xp.take(self.arg(ctx, 0), self.arg(ctx, 1), axis=axis, out=y)
+
+
+class GatherElements(CudaKernel):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", 0))
+
+    def compute(self, ctx: KernelContext) -> None:
+        t, it = ctx.input(0), ctx.input(1)
+        if t.ndim != it.ndim or t.ndim == 0:
+            raise ValueError(
+                f"GatherElements: data {list(t.shape)} and indices {list(it.shape)} must have "
+                "the same rank (at least 1)"
+            )
+        axis = shapes.normalize_axis(self.axis, t.ndim)
+        y = self.alloc(ctx, 0, it.shape, t.dtype)
+        if not y.size:
+            return
+        x, idx = self.arg(ctx, 0), self.arg(ctx, 1)
+        if self.xp is np:
+            y[...] = np.take_along_axis(x, idx, axis)
+            return
+        _gather_elements_kernel()(idx, x, axis, t.shape[axis], y)
+
+
+class GatherND(CudaKernel):
+    """GatherND (batch_dims from opset 12): the index tuples become flat row indices into the
+    data viewed as (batch * rows, inner), then one ``take``."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.b = int(info.attr("batch_dims", 0))
+
+    def compute(self, ctx: KernelContext) -> None:
+        t, it = ctx.input(0), ctx.input(1)
+        b = self.b
+        k = it.shape[-1] if it.ndim else 0
+        if it.ndim < 1 or k > t.ndim - b or it.shape[:b] != t.shape[:b]:
+            raise ValueError(
+                f"GatherND: indices {list(it.shape)} do not fit data {list(t.shape)} with "
+                f"batch_dims {b}"
+            )
+        batch = shapes.size_of(t.shape[:b])
+        rows = shapes.size_of(it.shape[b:-1])
+        inner_shape = t.shape[b + k :]
+        y = self.alloc(ctx, 0, t.shape[:b] + it.shape[b:-1] + inner_shape, t.dtype)
+        if not y.size:
+            return
+        xp = self.xp
+        dims = t.shape[b : b + k]
+        block = shapes.size_of(dims)
+        lin = flat_rows(xp, self.arg(ctx, 1).reshape(batch * rows, k), dims)
+        if batch > 1:
+            lin = lin.reshape(batch, rows) + xp.arange(batch, dtype=np.int64)[:, None] * block
+        inner = shapes.size_of(inner_shape)
+        x2 = self.arg(ctx, 0).reshape(batch * block, inner)
+        xp.take(x2, lin.reshape(-1), axis=0, out=y.reshape(batch * rows, inner))
+
+
+def flat_rows(xp: Any, idx2: Any, dims: tuple[int, ...]) -> Any:
+    """Row-major flat positions (int64) of the index tuples ``idx2`` (n, k) in an array of
+    shape ``dims``; negative indices wrap (``%``, Python's sign convention in both numpy and
+    CuPy)."""
+    n, k = idx2.shape
+    if k == 0:
+        return xp.zeros(n, dtype=np.int64)
+    if any(d == 0 for d in dims):
+        raise IndexError(f"indices into an empty dimension of {list(dims)}")
+    lin = idx2[:, 0].astype(np.int64, copy=False) % dims[0]
+    for j in range(1, k):
+        lin *= dims[j]
+        lin += idx2[:, j].astype(np.int64, copy=False) % dims[j]
+    return lin
+
+
+# ---------------------------------------------------------------------------------------------
+# Scatters
+
+
+class _Scatter(CudaKernel):
+    """The output starts as a copy of the data; subclasses write or combine the updates."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", 0))
+        self.reduction = str(info.attr("reduction", "none"))
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        red = str(node.attrs.get("reduction", "none"))
+        if red not in REDUCTIONS:
+            return False
+        # bfloat16 is moved as uint16 bits here: reductions would combine bits, not numbers
+        dt = graph.input_dtypes(node)[0]
+        return red == "none" or dt is None or dt not in BF16
+
+    def start(self, ctx: KernelContext, fits: bool) -> Any:
+        """The output, a copy of the data (None when it is empty)."""
+        t, it, ut = ctx.input(0), ctx.input(1), ctx.input(2)
+        if not fits:
+            raise ValueError(
+                f"{self.info.op_type}: indices {list(it.shape)} and updates {list(ut.shape)} "
+                f"do not fit data {list(t.shape)}"
+            )
+        y = self.alloc(ctx, 0, t.shape, t.dtype)
+        if not y.size:
+            return None
+        self.xp.copyto(y, self.arg(ctx, 0))
+        return y
+
+
+class ScatterND(_Scatter):
+    """ScatterND (reduction: none from 11, add/mul from 16, max/min from 18): updates are
+    written with a fancy assignment or combined atomically."""
+
+    def compute(self, ctx: KernelContext) -> None:
+        t, it, ut = ctx.input(0), ctx.input(1), ctx.input(2)
+        k = it.shape[-1] if it.ndim else -1
+        y = self.start(ctx, 0 <= k <= t.ndim and ut.shape == it.shape[:-1] + t.shape[k:])
+        if y is None:
+            return
+        xp = self.xp
+        n = shapes.size_of(it.shape[:-1])
+        if not n:
+            return
+        dims = t.shape[:k]
+        inner = shapes.size_of(t.shape[k:])
+        lin = flat_rows(xp, self.arg(ctx, 1).reshape(n, k), dims)
+        upd = self.arg(ctx, 2).reshape(n, inner)
+        if self.reduction == "none":
+            y.reshape(shapes.size_of(dims), inner)[lin] = upd
+            return
+        off = lin[:, None] * inner + xp.arange(inner, dtype=np.int64)
+        if xp is np:
+            _np_scatter(y.reshape(-1), off, upd, self.reduction)
+        else:
+            _scatter_flat_kernel(self.reduction)(off, upd, y.reshape(-1))
+
+
+class ScatterElements(_Scatter):
+    """ScatterElements (reduction: none from 11, add/mul from 16, max/min from 18) and the
+    deprecated Scatter-9/10 (no reduction): one thread per update writes or atomically
+    combines it at its element."""
+
+    def compute(self, ctx: KernelContext) -> None:
+        t, it, ut = ctx.input(0), ctx.input(1), ctx.input(2)
+        y = self.start(ctx, it.shape == ut.shape and it.ndim == t.ndim > 0)
+        if y is None:
+            return
+        axis = shapes.normalize_axis(self.axis, t.ndim)
+        xp = self.xp
+        if not it.size:
+            return
+        idx, upd = self.arg(ctx, 1), self.arg(ctx, 2)
+        if xp is np:
+            off = _np_element_offsets(idx, axis, t.shape)
+            _np_scatter(y.reshape(-1), off, upd, self.reduction)
+            return
+        _scatter_elements_kernel(self.reduction)(idx, upd, axis, t.shape[axis], y)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data-dependent selections and encodings
+
+
+class NonZero(CudaKernel):
+    """NonZero: (rank, count) int64 coordinates, row-major order. The count is data
+    dependent: ``argwhere`` reads it back to the host (one synchronisation)."""
+
+    def compute(self, ctx: KernelContext) -> None:
+        t = ctx.input(0)
+        x = self.arg(ctx, 0)
+        xp = self.xp
+        if t.ndim == 0:  # onnx.reference: a (0, count) tensor
+            self.alloc(ctx, 0, (0, int(xp.count_nonzero(x))), np.int64)
+            return
+        w = xp.argwhere(x)
+        y = self.alloc(ctx, 0, (t.ndim, w.shape[0]), np.int64)
+        if y.size:
+            xp.copyto(y, w.T)
+
+
+class Compress(CudaKernel):
+    """Compress: the slices along ``axis`` (the flattened input without one) where the bool
+    condition is true; a condition shorter than the axis selects from its prefix."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        axis = info.attr("axis")
+        self.axis = None if axis is None else int(axis)
+
+    def compute(self, ctx: KernelContext) -> None:
+        t = ctx.input(0)
+        x, cond = self.arg(ctx, 0), self.arg(ctx, 1)
+        if self.axis is None:
+            x, axis = x.reshape(-1), 0
+        else:
+            axis = shapes.normalize_axis(self.axis, t.ndim)
+        cond = cond.reshape(-1)
+        if cond.shape[0] > x.shape[axis]:
+            raise ValueError(
+                f"Compress: condition of length {cond.shape[0]} is longer than axis {axis} "
+                f"({x.shape[axis]})"
+            )
+        self.put(ctx, 0, self.xp.compress(cond, x, axis=axis), dtype=t.dtype)
+
+
+class OneHot(CudaKernel):
+    """OneHot: ``values[1]`` where the (wrapped) index equals the position along the new
+    axis, ``values[0]`` elsewhere; out-of-range indices give a row of ``values[0]``. depth is
+    a host input; indices and values stay on the device."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", -1))
+
+    def compute(self, ctx: KernelContext) -> None:
+        t = ctx.input(0)
+        depth = np.asarray(ctx.input(1)).reshape(-1)[0]
+        n = int(np.arange(depth).size)  # onnx.reference: np.arange(depth)
+        axis = shapes.normalize_axis(self.axis, t.ndim + 1)
+        vt = ctx.input(2)
+        if vt.size != 2:
+            raise ValueError(f"OneHot: values must hold 2 elements, got {list(vt.shape)}")
+        y = self.alloc(ctx, 0, t.shape[:axis] + (n,) + t.shape[axis:], vt.dtype)
+        if not y.size:
+            return
+        xp = self.xp
+        idx = self.arg(ctx, 0)
+        if idx.dtype.kind != "u":
+            idx = xp.where(idx < 0, idx + depth, idx)
+        idx = idx.reshape(t.shape[:axis] + (1,) + t.shape[axis:])
+        targets = xp.arange(n, dtype=np.int64).reshape((1,) * axis + (n,) + (1,) * (t.ndim - axis))
+        values = self.arg(ctx, 2).reshape(2)
+        xp.copyto(y, values[0])
+        xp.copyto(y, values[1], where=idx == targets)
+
+
+class ReverseSequence(CudaKernel):
+    """ReverseSequence: row (t, b) of the output is row (len[b] - 1 - t, b) of the input for
+    t < len[b], itself after; one ``take`` of rows with a (time, batch) source table built on
+    the device from the lengths."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.batch_axis = int(info.attr("batch_axis", 1))
+        self.time_axis = int(info.attr("time_axis", 0))
+
+    def compute(self, ctx: KernelContext) -> None:
+        t = ctx.input(0)
+        ta, ba = self.time_axis, self.batch_axis
+        if t.ndim < 2 or {ta, ba} != {0, 1}:
+            raise ValueError(
+                f"ReverseSequence: time_axis {ta} and batch_axis {ba} must be 0 and 1 (input "
+                f"{list(t.shape)})"
+            )
+        y = self.alloc(ctx, 0, t.shape, t.dtype)
+        if not y.size:
+            return
+        xp = self.xp
+        steps, batch = t.shape[ta], t.shape[ba]
+        inner = shapes.size_of(t.shape[2:])
+        lens = self.arg(ctx, 1).astype(np.int64).reshape(1, batch)
+        tt = xp.arange(steps, dtype=np.int64)[:, None]
+        src = xp.where(tt < lens, lens - 1 - tt, tt)  # (time, batch)
+        bb = xp.arange(batch, dtype=np.int64)
+        if ta == 0:
+            rows = src * batch + bb[None, :]
+        else:
+            rows = bb[:, None] * steps + src.T
+        x2 = self.arg(ctx, 0).reshape(steps * batch, inner)
+        xp.take(x2, rows.reshape(-1), axis=0, out=y.reshape(steps * batch, inner))
+
+
+def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
+    T = ALL_FIXED_BF16
+    reg.kernel("Gather", since=1, types={"T": T, "Tind": INDEX})(Gather)
+    reg.kernel("GatherElements", since=11, types={"T": T, "Tind": INDEX})(GatherElements)
+    reg.kernel("GatherND", since=11, types={"T": T})(GatherND)
+    reg.kernel("ScatterND", since=11, types={"T": T})(ScatterND)
+    reg.kernel("ScatterElements", since=11, types={"T": T, "Tind": INDEX})(ScatterElements)
+    reg.kernel("Scatter", since=9, types={"T": T, "Tind": INDEX})(ScatterElements)
+    # bfloat16 -0.0 has nonzero bits: NonZero compares values, so it is not claimed for bf16
+    reg.kernel("NonZero", since=9, types={"T": ALL_FIXED})(NonZero)
+    reg.kernel("Compress", since=9, types={"T": T, "T1": dtypes("bool")})(Compress)
+    reg.kernel(
+        "OneHot", since=9, types={"T1": NUMERIC, "T2": NUMERIC, "T3": T}, input_memory={1: CPU}
+    )(OneHot)
+    reg.kernel("ReverseSequence", since=10, types={"T": T})(ReverseSequence)
