@@ -376,8 +376,26 @@ def graph_from_model(proto: ModelProto) -> Graph:
             )
     inferred = infer_types(proto)
     g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
+    _check_defined(g, frozenset())
     _merge_types(g, inferred.graph)
     return g
+
+
+def _check_defined(g: Graph, visible: frozenset[str]) -> None:
+    """Every value a node reads is defined in its graph or an enclosing one (a subgraph's
+    undefined name would otherwise surface as a None at run time)."""
+    defined = visible | {vi.name for vi in g.inputs} | set(g.initializers)
+    defined |= {o for n in g.nodes for o in n.outputs if o}
+    for n in g.nodes:
+        for k, name in enumerate(n.inputs):
+            if name and name not in defined:
+                scope = " or a value of an enclosing graph" if g.parent is not None else ""
+                raise InvalidGraph(
+                    f"{n.label()} input {k} '{name}' is not a graph input, an initializer or the "
+                    f"output of another node{scope} (graph '{g.name}')"
+                )
+        for sg in n.subgraphs.values():
+            _check_defined(sg, defined)
 
 
 def _merge_types(g: Graph, gp: GraphProto) -> None:
