@@ -1,0 +1,626 @@
+"""Row-major GEMM for the CUDA kernels: cuBLASLt on raw device pointers (through
+``nvmath.bindings.cublasLt``) with cached plans, CuPy's matmul when nvmath-python is missing, and
+numpy under the host simulation.
+
+One entry point, ``engine_for(ep)(ctx, a, b, out, trans_a=, trans_b=, alpha=, beta=, c=, bias=,
+epilogue=, dtype=)``, computes ``out = epilogue(alpha * op(a) @ op(b) + beta * c + bias)`` for
+row-major arrays with numpy's broadcasting of the batch dims (``a``: (..., M, K), ``b``: (..., K, N),
+``out``: (..., M, N) dense). ``bias`` is a length-N vector (one value per output column, ONNX
+Gemm's C of shape (N,)); epilogues are ``RELU``, ``GELU`` (the tanh approximation, as cuBLASLt's),
+``BIAS``, ``RELU_BIAS``, ``GELU_BIAS``.
+
+The row-major trick: cuBLASLt is column-major, and a row-major (r, c) matrix read column-major is
+its transpose. So ``D = op(A) @ op(B)`` (row-major M x N) is computed as ``D^T = op(B)^T @ op(A)^T``:
+the library's first operand is our B, its second is our A, and its N x M column-major output
+(ld N) is our row-major D. Its bias vector has one value per row of its D, i.e. per column of
+ours: length N. This is nvmath's "bias length must be M" rule, seen from the other side.
+
+Batch dims: a batched A times an unbatched B is folded into one GEMM with M' = batch * M. Other
+cases use strided batches, where a broadcast operand has batch stride 0. Batch dims whose
+strides cannot be collapsed into one stride are looped over in Python.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+# Calls per path, for tests and diagnostics (which engine really ran).
+stats = {"cublaslt": 0, "xp": 0}
+
+EPILOGUES = ("RELU", "GELU", "BIAS", "RELU_BIAS", "GELU_BIAS")
+
+# Workspace cap for cuBLASLt's heuristic: NVIDIA recommends 32 MiB on Hopper. It comes from the
+# provider's allocator for each call (ctx.scratch), stream ordered.
+MAX_WORKSPACE = 32 << 20
+_MAX_PLANS = 1024
+_MISSING = object()
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+def _bf16() -> np.dtype | None:
+    try:
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    except ImportError:
+        return None
+
+
+BF16 = _bf16()
+_F16 = np.dtype(np.float16)
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_U16 = np.dtype(np.uint16)
+
+
+def is_half(dtype: Any) -> bool:
+    """float16 or bfloat16: computed in float32 by the fallbacks."""
+    dt = np.dtype(dtype)
+    return dt == _F16 or (BF16 is not None and dt == BF16)
+
+
+def widen(xp: Any, x: Any, dtype: Any) -> Any:
+    """``x`` (holding values of ``dtype``) as float32 when ``dtype`` is a 16-bit float.
+
+    CuPy holds bfloat16 as uint16 bit patterns: those are widened by shifting the bits into
+    the high half of a float32 (exact)."""
+    dt = np.dtype(dtype)
+    if dt == _F16:
+        return x.astype(np.float32)
+    if BF16 is not None and dt == BF16:
+        if x.dtype == _U16:
+            return (x.astype(xp.uint32) << 16).view(xp.float32)
+        return x.astype(np.float32)
+    return x
+
+
+def store(xp: Any, r: Any, out: Any, dtype: Any) -> None:
+    """Write ``r`` (float32 or wider) into ``out`` (holding ``dtype``), rounding to nearest even."""
+    dt = np.dtype(dtype)
+    if BF16 is not None and dt == BF16 and out.dtype == _U16:
+        u = xp.ascontiguousarray(r, dtype=xp.float32).view(xp.uint32)
+        rounded = ((u + xp.uint32(0x7FFF) + ((u >> 16) & xp.uint32(1))) >> 16).astype(xp.uint16)
+        out[...] = xp.where(xp.isnan(r), xp.uint16(0x7FC0), rounded)
+        return
+    if xp is np:
+        np.copyto(out, r, casting="unsafe")
+    else:
+        out[...] = r
+
+
+def gelu_tanh(xp: Any, r: Any) -> Any:
+    """GELU with the tanh approximation (cuBLASLt's GELU epilogue), in place where it can."""
+    t = r * r
+    t *= 0.044715
+    t += 1.0
+    t *= r
+    t *= _SQRT_2_OVER_PI
+    xp.tanh(t, out=t)
+    t += 1.0
+    t *= 0.5
+    r *= t
+    return r
+
+
+def _activate(xp: Any, r: Any, epilogue: str | None) -> Any:
+    if epilogue in ("RELU", "RELU_BIAS"):
+        xp.maximum(r, 0, out=r)
+    elif epilogue in ("GELU", "GELU_BIAS"):
+        r = gelu_tanh(xp, r)
+    return r
+
+
+def xp_gemm(
+    xp: Any,
+    a: Any,
+    b: Any,
+    out: Any,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    c: Any = None,
+    bias: Any = None,
+    epilogue: str | None = None,
+    dtype: Any = None,
+) -> None:
+    """The same contract as the cuBLASLt engine, with ``xp.matmul`` (numpy or CuPy).
+
+    16-bit floats are multiplied in float32 and rounded once, as the CPU provider does."""
+    dt = np.dtype(dtype) if dtype is not None else out.dtype
+    A = a.swapaxes(-1, -2) if trans_a else a
+    B = b.swapaxes(-1, -2) if trans_b else b
+    plain = alpha == 1 and (c is None or beta == 0) and bias is None and not epilogue
+    if plain and not is_half(dt) and c is not out:
+        xp.matmul(A, B, out=out)
+        return
+    r = xp.matmul(widen(xp, A, dt), widen(xp, B, dt))
+    if alpha != 1:
+        r *= alpha
+    if c is not None and beta != 0:
+        cw = widen(xp, c, dt)
+        r += cw if beta == 1 else cw * beta
+    if bias is not None:
+        r += widen(xp, bias, dt)
+    r = _activate(xp, r, epilogue)
+    store(xp, r, out, dt)
+
+
+class HostGemm:
+    """The numpy engine of the host simulation."""
+
+    kind = "numpy"
+
+    def __call__(self, ctx: Any, a: Any, b: Any, out: Any, **kw: Any) -> None:
+        xp_gemm(np, a, b, out, **kw)
+
+
+class XpGemm:
+    """CuPy's matmul: used when nvmath-python is not importable (not graph-capturable)."""
+
+    kind = "cupy"
+
+    def __init__(self, xp: Any):
+        self.xp = xp
+
+    def __call__(self, ctx: Any, a: Any, b: Any, out: Any, **kw: Any) -> None:
+        stats["xp"] += 1
+        xp_gemm(self.xp, a, b, out, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# cuBLASLt
+
+# cudaDataType_t values (library_types.h; also nvmath's CudaDataType).
+_CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16F, _CUDA_R_16BF = 0, 1, 2, 14
+
+
+def _align(ptr: int) -> int:
+    """The largest power of two (up to 256) that divides ``ptr``."""
+    return 256 if ptr == 0 else min(256, ptr & -ptr)
+
+
+def _batch_strides(shape: tuple[int, ...], batch: tuple[int, ...]) -> list[int]:
+    """Element strides of a dense operand of ``shape`` over the output's batch dims ``batch``
+    (0 where the operand is broadcast)."""
+    nb = len(batch)
+    own = shape[:-2]
+    pad = nb - len(own)
+    out = [0] * nb
+    s = shape[-2] * shape[-1]
+    for i in range(nb - 1, -1, -1):
+        j = i - pad
+        d = own[j] if j >= 0 else 1
+        out[i] = s if d != 1 else 0
+        s *= d
+    return out
+
+
+def _ptr(arr: Any) -> int:
+    return int(arr.data.ptr)
+
+
+class _LtPlan:
+    """A cuBLASLt matmul descriptor, its four layouts, a preference and the chosen algorithm."""
+
+    __slots__ = (
+        "L",
+        "algo",
+        "algo_ptr",
+        "desc",
+        "la",
+        "lb",
+        "lc",
+        "ld",
+        "lock",
+        "pref",
+        "ws",
+        "__weakref__",
+    )
+
+    def __init__(self, L: Any) -> None:
+        self.L = L
+        self.desc = self.la = self.lb = self.lc = self.ld = self.pref = 0
+        self.algo: Any = None
+        self.algo_ptr = 0
+        self.ws = 0
+        self.lock = threading.Lock()  # the bias pointer lives in the (shared) descriptor
+
+    def __del__(self) -> None:
+        L = self.L
+        try:
+            for lay in {self.la, self.lb, self.lc, self.ld} - {0}:
+                L.matrix_layout_destroy(lay)
+            if self.pref:
+                L.matmul_preference_destroy(self.pref)
+            if self.desc:
+                L.matmul_desc_destroy(self.desc)
+        except Exception:
+            pass
+
+
+def _set_attr(setter: Any, dtype_of: Any, handle: int, attr: Any, value: int) -> None:
+    """Set one cuBLASLt attribute with the C type the binding reports for it."""
+    buf = np.array(value, dtype=dtype_of(attr))
+    setter(handle, int(attr), buf.ctypes.data, buf.itemsize)
+
+
+class LtGemm:
+    """GEMM through cuBLASLt with plans cached per shape, strides, dtype, transposes, epilogue,
+    pointer alignment and TF32 mode. Handles come from the stream (``ctx.stream.cublaslt``),
+    workspaces from the provider's allocator (``ctx.scratch``)."""
+
+    kind = "cublaslt"
+
+    def __init__(self, xp: Any, ordinal: int, use_tf32: bool):
+        from nvmath.bindings import cublas, cublasLt
+
+        self.xp = xp
+        self.L = cublasLt
+        self.ordinal = ordinal
+        self.use_tf32 = use_tf32
+        ct = cublas.ComputeType
+        self._compute = {
+            _F32: int(ct.COMPUTE_32F_FAST_TF32 if use_tf32 else ct.COMPUTE_32F),
+            _F16: int(ct.COMPUTE_32F),
+            _F64: int(ct.COMPUTE_64F),
+        }
+        self._cuda_type = {_F32: _CUDA_R_32F, _F16: _CUDA_R_16F, _F64: _CUDA_R_64F}
+        if BF16 is not None:
+            self._compute[BF16] = int(ct.COMPUTE_32F)
+            self._cuda_type[BF16] = _CUDA_R_16BF
+        self._op_t = int(cublas.Operation.T)
+        self._op_n = int(cublas.Operation.N)
+        E = cublasLt.Epilogue
+        self._epilogue = {name: int(getattr(E, name)) for name in EPILOGUES}
+        self._plans: OrderedDict[tuple, _LtPlan | None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._scalars: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._bias_attr = int(cublasLt.MatmulDescAttribute.BIAS_POINTER)
+        self._failed: set[str] = set()
+
+    # per-call -------------------------------------------------------------------------------
+    def __call__(
+        self,
+        ctx: Any,
+        a: Any,
+        b: Any,
+        out: Any,
+        *,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        c: Any = None,
+        bias: Any = None,
+        epilogue: str | None = None,
+        dtype: Any = None,
+    ) -> None:
+        dt = np.dtype(dtype) if dtype is not None else out.dtype
+        if bias is not None and not (epilogue or "").endswith("BIAS"):
+            epilogue = {None: "BIAS", "RELU": "RELU_BIAS", "GELU": "GELU_BIAS"}[epilogue]
+        elif bias is None and (epilogue or "").endswith("BIAS"):
+            raise ValueError(f"GEMM epilogue {epilogue} needs a bias vector")
+        kw = dict(
+            trans_a=trans_a,
+            trans_b=trans_b,
+            alpha=alpha,
+            beta=beta,
+            c=c,
+            bias=bias,
+            epilogue=epilogue,
+            dtype=dt,
+        )
+        if out.size == 0:
+            return
+        K = a.shape[-2] if trans_a else a.shape[-1]
+        if K == 0 or dt not in self._cuda_type:
+            return self._fallback(a, b, out, kw)
+        if c is not None and beta == 0:
+            c = None
+        if bias is not None and _ptr(bias) % 16:
+            if c is not None and c is not out:
+                return self._fallback(a, b, out, kw)
+            # cuBLASLt wants an aligned bias vector: broadcast it into the output and let the
+            # GEMM accumulate onto it instead (C = D, beta = 1)
+            out[...] = bias
+            c, beta, bias = out, 1.0, None
+            epilogue = {"BIAS": None, "RELU_BIAS": "RELU", "GELU_BIAS": "GELU"}.get(
+                epilogue or "", epilogue
+            )
+        xp = self.xp
+        if not a.flags.c_contiguous:
+            a = xp.ascontiguousarray(a)
+        if not b.flags.c_contiguous:
+            b = xp.ascontiguousarray(b)
+        if c is not None and c is not out and (c.shape != out.shape or not c.flags.c_contiguous):
+            return self._fallback(a, b, out, kw)
+        try:
+            self._run(ctx, a, b, out, trans_a, trans_b, alpha, beta, c, bias, epilogue, dt)
+        except Exception as e:  # no plan, or cuBLASLt refused the call: stay correct
+            self._warn(f"cuBLASLt GEMM failed ({type(e).__name__}: {e}); using CuPy matmul")
+            self._fallback(a, b, out, kw)
+            return
+        stats["cublaslt"] += 1
+
+    def _fallback(self, a: Any, b: Any, out: Any, kw: dict) -> None:
+        stats["xp"] += 1
+        xp_gemm(self.xp, a, b, out, **kw)
+
+    def _warn(self, msg: str) -> None:
+        if msg not in self._failed:
+            self._failed.add(msg)
+            warnings.warn(f"onnxplug-cuda: {msg}", RuntimeWarning, stacklevel=3)
+
+    def _run(
+        self,
+        ctx: Any,
+        a: Any,
+        b: Any,
+        out: Any,
+        trans_a: bool,
+        trans_b: bool,
+        alpha: float,
+        beta: float,
+        c: Any,
+        bias: Any,
+        epilogue: str | None,
+        dt: np.dtype,
+    ) -> None:
+        M, N = out.shape[-2], out.shape[-1]
+        batch = out.shape[:-2]
+        sa = _batch_strides(a.shape, batch)
+        sb = _batch_strides(b.shape, batch)
+        sd = _batch_strides(out.shape, batch)
+        dims = [(n, x, y, z) for n, x, y, z in zip(batch, sa, sb, sd) if n != 1]
+        # a's stored matrix (rows, cols): (M, K), or (K, M) when transposed
+        ra, ca = a.shape[-2], a.shape[-1]
+        rb, cb = b.shape[-2], b.shape[-1]
+        count = 1
+        stride_a = stride_b = stride_d = 0
+        outer: list[tuple[int, int, int, int]] = []
+        if (
+            dims
+            and all(x[2] == 0 for x in dims)
+            and not trans_a
+            and all(x[1] == x[3] // N * ca for x in dims)
+        ):
+            # B is shared by every batch and A's batches are contiguous: one tall GEMM
+            for n, *_ in dims:
+                ra *= n
+            M_eff = ra
+        else:
+            M_eff = M
+            j = len(dims)
+            while j > 0:
+                i = j - 1
+                if i < len(dims) - 1:
+                    nxt = dims[i + 1]
+                    if not all(dims[i][k] == nxt[k] * nxt[0] for k in (1, 2, 3)):
+                        break
+                j = i
+            inner, outer = dims[j:], dims[:j]
+            if inner:
+                for n, *_ in inner:
+                    count *= n
+                _, stride_a, stride_b, stride_d = inner[-1]
+        isz = dt.itemsize
+        pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
+        mode = 0 if c is None else (2 if c is out else 1)
+        pc = pd if mode != 1 else _ptr(c)
+        al = [_align(p) for p in (pb, pa, pc, pd)]  # in cuBLASLt's operand order: B, A, C, D
+        for _n, x, y, z in outer:
+            for k, s in enumerate((y, x, z, z)):
+                if s:
+                    al[k] = min(al[k], _align(s * isz))
+        if count > 1:
+            for k, s in enumerate((stride_b, stride_a, stride_d, stride_d)):
+                if s:
+                    al[k] = min(al[k], _align(s * isz))
+        key = (
+            self.ordinal,
+            dt,
+            N,
+            M_eff,
+            ca if not trans_a else ra,
+            trans_a,
+            trans_b,
+            ra,
+            ca,
+            rb,
+            cb,
+            count,
+            stride_a,
+            stride_b,
+            stride_d,
+            epilogue,
+            mode,
+            tuple(al),
+        )
+        plan = self._plans.get(key, _MISSING)
+        if plan is _MISSING:
+            plan = self._plan(ctx, key, _ptr(bias) if bias is not None else 0)
+        if plan is None:
+            raise RuntimeError("cuBLASLt has no algorithm for this GEMM (cached)")
+        L = self.L
+        scale = np.float64 if dt == _F64 else np.float32
+        sk = (scale, alpha, beta if mode else 0.0)
+        sc = self._scalars.get(sk)
+        if sc is None:
+            sc = self._scalars[sk] = (np.array([alpha], scale), np.array([sk[2]], scale))
+        alpha_ptr, beta_ptr = sc[0].ctypes.data, sc[1].ctypes.data
+        ws = ctx.scratch(plan.ws) if plan.ws else None
+        ws_ptr = int(ws.ptr) if ws is not None else 0
+        handle = ctx.stream.cublaslt
+        stream = ctx.stream.handle
+        if bias is not None:
+            bias_buf = ctypes.c_int64(_ptr(bias))
+        offsets = [(0, 0, 0)]
+        for n, x, y, z in outer:
+            offsets = [
+                (o[0] + i * x, o[1] + i * y, o[2] + i * z) for o in offsets for i in range(n)
+            ]
+        for oa, ob, od in offsets:
+            pd_i = pd + od * isz
+            pc_i = pd_i if mode != 1 else pc + od * isz
+            args = (
+                handle,
+                plan.desc,
+                alpha_ptr,
+                pb + ob * isz,
+                plan.la,
+                pa + oa * isz,
+                plan.lb,
+                beta_ptr,
+                pc_i,
+                plan.lc,
+                pd_i,
+                plan.ld,
+                plan.algo_ptr,
+                ws_ptr,
+                plan.ws,
+                stream,
+            )
+            if bias is None:
+                L.matmul(*args)
+            else:
+                with plan.lock:
+                    L.matmul_desc_set_attribute(
+                        plan.desc, self._bias_attr, ctypes.addressof(bias_buf), 8
+                    )
+                    L.matmul(*args)
+        del ws  # released after the calls were enqueued: its free is ordered on the stream
+
+    def _plan(self, ctx: Any, key: tuple, bias_ptr: int) -> _LtPlan | None:
+        with self._lock:
+            plan = self._plans.get(key, _MISSING)
+            if plan is not _MISSING:
+                return plan
+        try:
+            plan = self._build(ctx, key, bias_ptr)
+        except Exception:
+            plan = None  # remembered: later calls go straight to the fallback
+            raise
+        finally:
+            with self._lock:
+                self._plans[key] = plan
+                while len(self._plans) > _MAX_PLANS:
+                    self._plans.popitem(last=False)
+        return plan
+
+    def _build(self, ctx: Any, key: tuple, bias_ptr: int) -> _LtPlan:
+        L = self.L
+        (_, dt, m, n, k, trans_a, trans_b, ra, ca, rb, cb, count, s_a, s_b, s_d, epi, mode, al) = (
+            key
+        )
+        cdt = self._cuda_type[dt]
+        scale_type = _CUDA_R_64F if dt == _F64 else _CUDA_R_32F
+        plan = _LtPlan(L)
+        D = L.MatmulDescAttribute
+        Y = L.MatrixLayoutAttribute
+        P = L.MatmulPreferenceAttribute
+        set_desc = L.matmul_desc_set_attribute
+        desc_type = L.get_matmul_desc_attribute_dtype
+        set_lay = L.matrix_layout_set_attribute
+        lay_type = L.get_matrix_layout_attribute_dtype
+        plan.desc = L.matmul_desc_create(self._compute[dt], scale_type)
+        # the library's A is our B, its B is our A (see the module docstring)
+        _set_attr(set_desc, desc_type, plan.desc, D.TRANSA, self._op_t if trans_b else self._op_n)
+        _set_attr(set_desc, desc_type, plan.desc, D.TRANSB, self._op_t if trans_a else self._op_n)
+        if epi:
+            _set_attr(set_desc, desc_type, plan.desc, D.EPILOGUE, self._epilogue[epi])
+            if bias_ptr:
+                _set_attr(set_desc, desc_type, plan.desc, D.BIAS_POINTER, bias_ptr)
+
+        def layout(rows: int, cols: int, ld: int, stride: int) -> int:
+            lay = L.matrix_layout_create(cdt, rows, cols, ld)
+            if count > 1:
+                _set_attr(set_lay, lay_type, lay, Y.BATCH_COUNT, count)
+                _set_attr(set_lay, lay_type, lay, Y.STRIDED_BATCH_OFFSET, stride)
+            return lay
+
+        # a stored row-major (r, c) matrix is the column-major (c, r) matrix with ld c
+        plan.la = layout(cb, rb, cb, s_b)
+        plan.lb = layout(ca, ra, ca, s_a)
+        plan.ld = layout(m, n, m, s_d)
+        plan.lc = layout(m, n, m, s_d) if mode == 1 else plan.ld
+        plan.pref = L.matmul_preference_create()
+        set_pref = L.matmul_preference_set_attribute
+        pref_type = L.get_matmul_preference_attribute_dtype
+        _set_attr(set_pref, pref_type, plan.pref, P.MAX_WORKSPACE_BYTES, MAX_WORKSPACE)
+        for attr, v in zip(
+            (
+                P.MIN_ALIGNMENT_A_BYTES,
+                P.MIN_ALIGNMENT_B_BYTES,
+                P.MIN_ALIGNMENT_C_BYTES,
+                P.MIN_ALIGNMENT_D_BYTES,
+            ),
+            al,
+        ):
+            _set_attr(set_pref, pref_type, plan.pref, attr, v)
+        results = np.zeros(8, dtype=L.matmul_heuristic_result_dtype)
+        found = np.zeros(1, dtype=np.int32)
+        L.matmul_algo_get_heuristic(
+            ctx.stream.cublaslt,
+            plan.desc,
+            plan.la,
+            plan.lb,
+            plan.lc,
+            plan.ld,
+            plan.pref,
+            len(results),
+            results.ctypes.data,
+            found.ctypes.data,
+        )
+        if int(found[0]) == 0:
+            raise RuntimeError(f"no cuBLASLt algorithm for {key[1:]}")
+        plan.algo = results  # the first (best) result's algo struct sits at offset 0
+        plan.algo_ptr = results.ctypes.data
+        ws = int(results["workspace_size"][0])
+        if ws and epi:
+            ws += 16  # nvmath-python pads epilogue workspaces the same way (library issue)
+        plan.ws = ws
+        return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# engine selection
+
+_engines: dict[tuple, Any] = {}
+_engines_lock = threading.Lock()
+_HOST = HostGemm()
+_warned_no_nvmath = False
+
+
+def engine_for(ep: Any) -> Any:
+    """The GEMM engine of a provider instance: numpy under the simulation, cuBLASLt on the GPU,
+    CuPy's matmul (with a warning, once) when nvmath-python cannot be imported."""
+    global _warned_no_nvmath
+    xp = ep.backend.xp
+    if xp is np:
+        return _HOST
+    key = (ep.ordinal, bool(ep.options.use_tf32))
+    with _engines_lock:
+        eng = _engines.get(key)
+        if eng is None:
+            try:
+                eng = LtGemm(xp, ep.ordinal, bool(ep.options.use_tf32))
+            except ImportError as e:
+                if not _warned_no_nvmath:
+                    _warned_no_nvmath = True
+                    warnings.warn(
+                        f"onnxplug-cuda: nvmath-python is not importable ({e}); MatMul/Gemm/Conv "
+                        "fall back to CuPy's matmul, which is slower and cannot be captured in "
+                        "CUDA graphs",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                eng = XpGemm(xp)
+            _engines[key] = eng
+        return eng

@@ -1,0 +1,339 @@
+"""Convolutions through the cuDNN frontend's graph API, with a graph cache and the provider's
+options (algorithm search, TF32, workspace limit, 1-D layout).
+
+``engine_for(ep)`` gives a ``CudnnConv`` on the GPU, or None (host simulation, ``enable_cudnn=0``,
+or no importable ``cudnn``). ``CudnnConv.run(ctx, spec, x, w, b, y)`` computes a forward convolution
+(``spec.kind == "fprop"``) or a ConvTranspose, which is cuDNN's data gradient ("dgrad"). Bias and
+ReLU can be fused into the graph. It returns False when cuDNN cannot do the case (no engine
+supports it, a pointer is misaligned, negative pads); the kernel then uses its own im2col + GEMM
+path, so results are never wrong.
+
+Graphs are built once per ``ConvSpec`` (shapes, geometry, dtype, fusion, options, device). A
+graph that failed to build is remembered as unsupported. Tensors get fixed uids, and calls
+use the frontend's ordered variant pack (``_execute_with_ptrs``: raw int pointers in uid order,
+no dict) when the wheel has it; an autotuned graph runs its winner by index
+(``_execute_plan_at_index``), since the ordered path runs the frontend's default candidate.
+
+Algorithm search (``cudnn_conv_algo_search``), as in onnxruntime:
+* EXHAUSTIVE: plans from heuristics A and FALLBACK are all built. Each is timed once per graph
+  on the real buffers (skipped while the stream captures a CUDA graph), and the fastest is run.
+* HEURISTIC: the first plan of heuristics A (then FALLBACK) that builds.
+* DEFAULT: the FALLBACK heuristic's first plan (cuDNN's always-available engines).
+
+``use_tf32=0`` keeps float32 convolutions in float32. Engines carrying the TENSOR_CORE or
+DOWN_CONVERT_INPUTS numerical notes are deselected before the support check: for float32 data,
+tensor cores mean TF32. This is the filter PyTorch applies when ``allow_tf32`` is off
+(aten/src/ATen/native/cudnn/Conv_v8.cpp, ``filterEngineConfigs``), done with the frontend's
+``Graph::deselect_numeric_notes`` (include/cudnn_frontend/graph_interface.h, bound as
+``pygraph.deselect_numeric_notes``). It must be called after ``create_execution_plans`` and
+before ``check_support``: it marks plan candidates as barred (``Execution_plan_list``,
+include/cudnn_frontend/plans.h).
+
+``cudnn_conv_use_max_workspace=0`` deselects plans needing more than 32 MiB, onnxruntime's
+``AlgoSearchWorkspaceSize``. Workspaces come from the provider's allocator (``ctx.scratch``).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .blas import BF16
+
+# Calls per path (cuDNN graph vs the kernels' own im2col/col2im + GEMM), for tests and diagnostics.
+stats = {"cudnn": 0, "fallback": 0}
+
+LIMITED_WORKSPACE = 32 << 20
+_MAX_GRAPHS = 512
+_UID_X, _UID_W, _UID_B, _UID_Y = 1, 2, 3, 4
+_EXHAUSTIVE, _HEURISTIC, _DEFAULT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """Everything a convolution graph depends on (the cache key, with the engine's options).
+
+    For ``kind == "dgrad"`` (ConvTranspose), ``x`` is cuDNN's DY, ``w`` the filter
+    (C_in, C_out / group, k...) and ``y`` its DX."""
+
+    kind: str
+    dtype: np.dtype
+    x: tuple[int, ...]
+    w: tuple[int, ...]
+    y: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    bias: bool = False
+    relu: bool = False
+
+
+def _contiguous(dims: list[int]) -> list[int]:
+    out = [1] * len(dims)
+    for i in range(len(dims) - 2, -1, -1):
+        out[i] = out[i + 1] * max(dims[i + 1], 1)
+    return out
+
+
+class _Graph:
+    __slots__ = ("best", "graph", "order", "ordered", "ws")
+
+    def __init__(self, graph: Any, ws: int, best: int | None, order: list[int] | None):
+        self.graph = graph
+        self.ws = ws
+        self.best = best  # the autotuned plan, run by index; None: the default plan
+        self.order = order  # uid order of the ordered variant pack; None: the dict path
+        self.ordered = order is not None
+
+
+class CudnnConv:
+    """cuDNN frontend graphs for Conv/ConvTranspose on one device, with the EP's options."""
+
+    def __init__(self, ep: Any):
+        import cudnn
+
+        self.cudnn = cudnn
+        o = ep.options
+        self.ordinal = ep.ordinal
+        self.algo = int(o.cudnn_conv_algo_search)
+        self.use_tf32 = bool(o.use_tf32)
+        self.max_workspace = bool(o.cudnn_conv_use_max_workspace)
+        self.nc1d = bool(o.cudnn_conv1d_pad_to_nc1d)
+        dt = cudnn.data_type
+        self._io = {
+            np.dtype(np.float32): dt.FLOAT,
+            np.dtype(np.float16): dt.HALF,
+            np.dtype(np.float64): dt.DOUBLE,
+        }
+        if BF16 is not None:
+            self._io[BF16] = dt.BFLOAT16
+        self._graphs: OrderedDict[tuple, _Graph | None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+
+    def _warn(self, msg: str) -> None:
+        if msg not in self._warned:
+            self._warned.add(msg)
+            warnings.warn(f"onnxplug-cuda: {msg}", RuntimeWarning, stacklevel=3)
+
+    # per call ---------------------------------------------------------------------------------
+    def run(self, ctx: Any, spec: ConvSpec, x: Any, w: Any, b: Any, y: Any) -> bool:
+        """Run the convolution on cuDNN; False when cuDNN cannot (the caller falls back)."""
+        ptrs = {_UID_X: int(x.data.ptr), _UID_W: int(w.data.ptr), _UID_Y: int(y.data.ptr)}
+        if spec.bias:
+            ptrs[_UID_B] = int(b.data.ptr)
+        if any(p % 16 for p in ptrs.values()):
+            return False  # engines assume 16-byte aligned tensors
+        key = (self.ordinal, spec)
+        g = self._graphs.get(key, _MISSING)
+        if g is _MISSING:
+            g = self._get(ctx, key, ptrs)
+        if g is None:
+            return False
+        ws = ctx.scratch(g.ws) if g.ws else None
+        ws_ptr = int(ws.ptr) if ws is not None else 0
+        handle = ctx.stream.cudnn
+        try:
+            if g.ordered:
+                g.graph._execute_with_ptrs([ptrs[u] for u in g.order], ws_ptr, handle)
+            elif g.best is not None:
+                g.graph._execute_plan_at_index(ptrs, ws_ptr, g.best, handle)
+            else:
+                g.graph._execute(ptrs, ws_ptr, handle)
+        except Exception as e:
+            self._warn(f"cuDNN convolution failed to execute ({e}); using the GEMM fallback")
+            with self._lock:
+                self._graphs[key] = None
+            return False
+        del ws  # freed after the call was enqueued: the free is ordered on the stream
+        stats["cudnn"] += 1
+        return True
+
+    # graph building -----------------------------------------------------------------------------
+    def _get(self, ctx: Any, key: tuple, ptrs: dict[int, int]) -> _Graph | None:
+        with self._lock:
+            g = self._graphs.get(key, _MISSING)
+            if g is not _MISSING:
+                return g
+        spec = key[1]
+        try:
+            g = self._build(ctx, spec, ptrs)
+        except Exception as e:
+            self._warn(
+                f"cuDNN cannot run {spec.kind} {spec.dtype} x{list(spec.x)} w{list(spec.w)} "
+                f"({type(e).__name__}: {str(e).strip()[:300]}); using the GEMM fallback"
+            )
+            g = None
+        with self._lock:
+            self._graphs[key] = g
+            while len(self._graphs) > _MAX_GRAPHS:
+                self._graphs.popitem(last=False)
+        return g
+
+    def _dims(self, spec: ConvSpec) -> tuple[list[int], ...]:
+        """Dims and geometry for cuDNN: 1-D becomes 2-D with a unit dim, [N, C, L, 1] or with
+        ``cudnn_conv1d_pad_to_nc1d`` [N, C, 1, L] (the memory layout is the same)."""
+        xd, wd, yd = list(spec.x), list(spec.w), list(spec.y)
+        pb, pe = list(spec.pads_begin), list(spec.pads_end)
+        st, dl = list(spec.strides), list(spec.dilations)
+        if len(xd) == 3:
+            if self.nc1d:
+                xd, wd, yd = (d[:2] + [1] + d[2:] for d in (xd, wd, yd))
+                pb, pe, st, dl = [0] + pb, [0] + pe, [1] + st, [1] + dl
+            else:
+                xd, wd, yd = (d + [1] for d in (xd, wd, yd))
+                pb, pe, st, dl = pb + [0], pe + [0], st + [1], dl + [1]
+        return xd, wd, yd, pb, pe, st, dl
+
+    def _build(self, ctx: Any, spec: ConvSpec, ptrs: dict[int, int]) -> _Graph:
+        cudnn = self.cudnn
+        if min(spec.pads_begin + spec.pads_end, default=0) < 0:
+            raise ValueError("negative pads (ConvTranspose output_shape beyond the full output)")
+        io = self._io[spec.dtype]
+        f64 = spec.dtype == np.dtype(np.float64)
+        comp = cudnn.data_type.DOUBLE if f64 else cudnn.data_type.FLOAT
+        handle = ctx.stream.cudnn
+        xd, wd, yd, pb, pe, st, dl = self._dims(spec)
+        g = cudnn.pygraph(
+            io_data_type=io, intermediate_data_type=comp, compute_data_type=comp, handle=handle
+        )
+        X = g.tensor(name="X", dim=xd, stride=_contiguous(xd), data_type=io, uid=_UID_X)
+        W = g.tensor(name="W", dim=wd, stride=_contiguous(wd), data_type=io, uid=_UID_W)
+        geometry = dict(pre_padding=pb, post_padding=pe, stride=st, dilation=dl)
+        if spec.kind == "fprop":
+            out = g.conv_fprop(image=X, weight=W, compute_data_type=comp, name="conv", **geometry)
+        else:
+            out = g.conv_dgrad(loss=X, filter=W, compute_data_type=comp, name="dgrad", **geometry)
+        # Every tensor gets explicit NCHW dims and strides: the frontend defaults inferred
+        # strides to NHWC.
+        ystride = _contiguous(yd)
+        out.set_dim(yd)
+        out.set_stride(ystride)
+        if spec.bias:
+            bd = [1, yd[1]] + [1] * (len(yd) - 2)
+            B = g.tensor(name="B", dim=bd, stride=_contiguous(bd), data_type=io, uid=_UID_B)
+            out = g.bias(input=out, bias=B, compute_data_type=comp, name="bias")
+            out.set_dim(yd)
+            out.set_stride(ystride)
+        if spec.relu:
+            out = g.relu(input=out, compute_data_type=comp, name="relu")
+            out.set_dim(yd)
+            out.set_stride(ystride)
+        out.set_output(True)
+        out.set_uid(_UID_Y)
+        out.set_data_type(io)
+        g.validate()
+        g.build_operation_graph()
+        if self.algo == _DEFAULT:
+            modes = [cudnn.heur_mode.FALLBACK]
+        else:
+            modes = [cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]
+        g.create_execution_plans(modes)
+        if spec.dtype == np.dtype(np.float32) and not self.use_tf32:
+            notes = cudnn.numerical_note
+            g.deselect_numeric_notes([notes.TENSOR_CORE, notes.DOWN_CONVERT_INPUTS])
+        if not self.max_workspace:
+            g.deselect_workspace_greater_than(LIMITED_WORKSPACE)
+        g.check_support()
+        exhaustive = self.algo == _EXHAUSTIVE
+        g.build_plans(
+            cudnn.build_plan_policy.ALL if exhaustive else cudnn.build_plan_policy.HEURISTICS_CHOICE
+        )
+        best = None
+        if exhaustive and g.get_execution_plan_count() > 1 and not ctx.stream.is_capturing():
+            best = self._autotune(ctx, g, ptrs)
+        ws = int(g.get_workspace_size())
+        if best is not None:
+            ws = max(ws, int(g.get_workspace_size_plan_at_index(best)))
+        order = None
+        if best is None and hasattr(g, "_execute_with_ptrs"):
+            try:
+                if hasattr(g, "_prepare_variant_pack_template"):
+                    g._prepare_variant_pack_template()
+                uids = [int(u) for u in g._get_variant_pack_uids_sorted()]
+                if sorted(uids) == sorted(ptrs):
+                    order = uids
+            except Exception:
+                order = None
+        return _Graph(g, ws, best, order)
+
+    def _autotune(self, ctx: Any, g: Any, ptrs: dict[int, int]) -> int | None:
+        """Time every built plan on the real buffers; the index of the fastest."""
+        import cupy
+
+        n = g.get_execution_plan_count()
+        sizes = {}
+        for i in range(n):
+            try:
+                sizes[i] = int(g.get_workspace_size_plan_at_index(i))
+            except Exception:
+                continue
+        if not sizes:
+            return None
+        ws = ctx.scratch(max(sizes.values())) if max(sizes.values()) else None
+        ws_ptr = int(ws.ptr) if ws is not None else 0
+        handle = ctx.stream.cudnn
+        stream = ctx.stream.cupy_stream
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        best, best_ms = None, float("inf")
+        for i in sizes:
+            try:
+                g._execute_plan_at_index(ptrs, ws_ptr, i, handle)  # warm-up (and JIT, if any)
+                ms = float("inf")
+                for _ in range(3):
+                    start.record(stream)
+                    g._execute_plan_at_index(ptrs, ws_ptr, i, handle)
+                    end.record(stream)
+                    end.synchronize()
+                    ms = min(ms, cupy.cuda.get_elapsed_time(start, end))
+            except Exception:
+                continue
+            if ms < best_ms:
+                best, best_ms = i, ms
+        stream.synchronize()
+        del ws
+        return best
+
+
+_MISSING = object()
+_engines: dict[tuple, CudnnConv] = {}
+_engines_lock = threading.Lock()
+_warned_import = False
+
+
+def engine_for(ep: Any) -> CudnnConv | None:
+    """The cuDNN engine of a provider instance, or None where cuDNN is not to be used."""
+    global _warned_import
+    if ep.backend.xp is np or not ep.options.enable_cudnn:
+        return None
+    o = ep.options
+    key = (
+        ep.ordinal,
+        o.cudnn_conv_algo_search,
+        o.use_tf32,
+        o.cudnn_conv_use_max_workspace,
+        o.cudnn_conv1d_pad_to_nc1d,
+    )
+    with _engines_lock:
+        eng = _engines.get(key)
+        if eng is None:
+            try:
+                eng = CudnnConv(ep)
+            except ImportError as e:
+                if not _warned_import:
+                    _warned_import = True
+                    warnings.warn(
+                        f"onnxplug-cuda: the cuDNN frontend is not importable ({e}); "
+                        "convolutions use the im2col + GEMM fallback",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                return None
+            _engines[key] = eng
+        return eng

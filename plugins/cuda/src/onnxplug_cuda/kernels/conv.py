@@ -1,0 +1,353 @@
+"""Conv and ConvTranspose (1-D/2-D/3-D, groups, dilations, strides, asymmetric pads, auto_pad,
+output_padding/output_shape) on cuDNN, with an im2col/col2im + GEMM fallback.
+
+The cuDNN path (``onnxplug_cuda.dnn``) builds one frontend graph per shape: conv_fprop for Conv,
+conv_dgrad for ConvTranspose, with the bias (and, for FusedConv, ReLU) fused. The fallback runs
+when cuDNN is off (``enable_cudnn=0``), missing, or cannot build a graph for the case. It also
+runs under the host simulation. It lowers the convolution to the provider's GEMM engine:
+* Conv: the padded input's windows are gathered into columns (one copy through a strided view),
+  then one GEMM per group.
+* ConvTranspose: a GEMM to columns, then each kernel tap's columns are added into the strided
+  output positions they came from.
+
+``com.microsoft`` FusedConv (onnxruntime's contrib op: Conv + bias + optional Z + activation) is
+also registered. Relu is fused into the cuDNN graph. Other activations are applied after it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
+
+from .. import blas, dnn
+from ._base import CudaKernel
+
+CONV_TYPES = dtypes("float16", "float32", "float64")
+# Column buffers of the fallback are built a few images at a time, up to this many elements.
+_COLUMN_BUDGET = 1 << 26
+
+
+def _as_strided(xp: Any, x: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+    return xp.lib.stride_tricks.as_strided(x, shape=shape, strides=strides)
+
+
+def pad_spatial(xp: Any, x: Any, pads: list[int], value: float = 0) -> Any:
+    """``x`` (N, C, *spatial) with ONNX pads [begins..., ends...] of ``value`` around the spatial
+    dims (``x`` itself when there are none)."""
+    n = x.ndim - 2
+    if not any(pads):
+        return x
+    out = xp.full(
+        x.shape[:2] + tuple(d + pads[i] + pads[n + i] for i, d in enumerate(x.shape[2:])),
+        value,
+        dtype=x.dtype,
+    )
+    inner = tuple(slice(pads[i], pads[i] + d) for i, d in enumerate(x.shape[2:]))
+    out[(slice(None), slice(None), *inner)] = x
+    return out
+
+
+class _Geometry:
+    """Shapes and pads of one node for one input shape (computed once per shape)."""
+
+    __slots__ = ("cols_per_image", "dilations", "kernel", "out", "pads", "spec", "strides", "y")
+
+    def __init__(self, y, kernel, strides, dilations, out, pads, spec, cols_per_image):
+        self.y = y
+        self.kernel = kernel
+        self.strides = strides
+        self.dilations = dilations
+        self.out = out
+        self.pads = pads
+        self.spec = spec
+        self.cols_per_image = cols_per_image
+
+
+_ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid")
+
+
+def _activate(xp: Any, y: Any, name: str, params: list[float]) -> None:
+    """FusedConv's activations, in place (float16 is computed by CuPy/numpy in float32 per op)."""
+    if name == "Relu":
+        xp.maximum(y, 0, out=y)
+    elif name == "Tanh":
+        xp.tanh(y, out=y)
+    elif name == "Sigmoid":
+        y[...] = 1 / (1 + xp.exp(-y.astype(xp.float32)))
+    elif name == "LeakyRelu":
+        alpha = params[0] if params else 0.01
+        y[...] = xp.where(y >= 0, y, y * y.dtype.type(alpha))
+    elif name == "Clip":
+        lo, hi = (params + [-np.inf, np.inf][len(params) :])[:2]
+        xp.clip(y, lo, hi, out=y)
+    elif name == "HardSigmoid":
+        alpha, beta = (params + [0.2, 0.5][len(params) :])[:2]
+        yf = y.astype(xp.float32) * alpha + beta
+        y[...] = xp.clip(yf, 0, 1)
+
+
+class _ConvBase(CudaKernel):
+    transpose = False
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.group = int(info.attr("group", 1))
+        self.auto_pad = info.attr("auto_pad", "NOTSET")
+        if isinstance(self.auto_pad, bytes):
+            self.auto_pad = self.auto_pad.decode()
+        self.kernel_shape = info.attr("kernel_shape")
+        self.strides = info.attr("strides")
+        self.dilations = info.attr("dilations")
+        self.pads = info.attr("pads")
+        self.dtype = info.input_dtype(0)
+        self.gemm = blas.engine_for(self.ep)
+        self.dnn = dnn.engine_for(self.ep)
+        act = info.attr("activation")
+        if isinstance(act, bytes):
+            act = act.decode()
+        self.activation = act or None
+        self.activation_params = [float(v) for v in (info.attr("activation_params") or [])]
+        self._geo: dict[tuple, _Geometry] = {}
+        self.last_path = ""  # "cudnn" or "fallback": the path the last call took (for tests)
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        act = node.attrs.get("activation")
+        if isinstance(act, bytes):
+            act = act.decode()
+        return node.op_type != "FusedConv" or act in _ACTIVATIONS
+
+    def geometry(self, xs: tuple[int, ...], ws: tuple[int, ...]) -> _Geometry:
+        raise NotImplementedError
+
+    def window(self, xs: tuple[int, ...], ws: tuple[int, ...]) -> tuple[list[int], ...]:
+        """kernel, strides and dilations with their defaults, for input/weight shapes."""
+        n = len(xs) - 2
+        if n < 1 or len(ws) != len(xs):
+            raise ValueError(
+                f"{self.info.op_type}: input {xs} and weights {ws} have unsupported ranks"
+            )
+        kernel = list(self.kernel_shape or ws[2:])
+        return kernel, list(self.strides or [1] * n), list(self.dilations or [1] * n)
+
+    def compute(self, ctx: KernelContext) -> None:
+        x, w, b = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
+        z = self.arg(ctx, 3) if self.activation is not None else None
+        if b is not None and b.size == 0:
+            b = None
+        geo = self._geo.get((x.shape, w.shape))
+        if geo is None:
+            geo = self._geo[(x.shape, w.shape)] = self.geometry(x.shape, w.shape)
+        y = self.alloc(ctx, 0, geo.y, self.dtype)
+        if y.size == 0:
+            return
+        relu_fused = self.activation == "Relu" and z is None
+        spec = geo.spec
+        if spec is not None and ((b is not None) != spec.bias or relu_fused != spec.relu):
+            spec = _respec(spec, b is not None, relu_fused)
+            geo.spec = spec
+        if (
+            self.dnn is not None
+            and spec is not None
+            and x.size
+            and w.size
+            and self.dnn.run(ctx, spec, x, w, b, y)
+        ):
+            self.last_path = "cudnn"
+            act_done = relu_fused
+        else:
+            dnn.stats["fallback"] += 1
+            self.last_path = "fallback"
+            self.fallback(ctx, x, w, b, y, geo)
+            act_done = False
+        if z is not None:
+            y += z
+        if self.activation is not None and not act_done:
+            _activate(self.xp, y, self.activation, self.activation_params)
+
+    def fallback(self, ctx: Any, x: Any, w: Any, b: Any, y: Any, geo: _Geometry) -> None:
+        raise NotImplementedError
+
+
+def _respec(spec: dnn.ConvSpec, bias: bool, relu: bool) -> dnn.ConvSpec:
+    return dnn.ConvSpec(
+        spec.kind,
+        spec.dtype,
+        spec.x,
+        spec.w,
+        spec.y,
+        spec.pads_begin,
+        spec.pads_end,
+        spec.strides,
+        spec.dilations,
+        bias,
+        relu,
+    )
+
+
+class Conv(_ConvBase):
+    def geometry(self, xs: tuple[int, ...], ws: tuple[int, ...]) -> _Geometry:
+        n = len(xs) - 2
+        kernel, strides, dilations = self.window(xs, ws)
+        out, pads = shapes.window_geometry(
+            xs[2:], kernel, strides, dilations, self.pads, self.auto_pad
+        )
+        N, C = xs[:2]
+        M, G = ws[0], self.group
+        if C != ws[1] * G or M % G:
+            raise ValueError(f"Conv: input {xs}, weights {ws} and group {G} disagree")
+        y = (N, M, *out)
+        spec = dnn.ConvSpec(
+            "fprop",
+            np.dtype(self.dtype),
+            tuple(xs),
+            tuple(ws),
+            y,
+            tuple(pads[:n]),
+            tuple(pads[n:]),
+            tuple(strides),
+            tuple(dilations),
+        )
+        return _Geometry(
+            y, kernel, strides, dilations, out, pads, spec, C * math.prod(kernel) * math.prod(out)
+        )
+
+    def fallback(self, ctx: Any, x: Any, w: Any, b: Any, y: Any, geo: _Geometry) -> None:
+        xp = self.xp
+        N, C = x.shape[:2]
+        M, G = w.shape[0], self.group
+        n = len(geo.kernel)
+        P = math.prod(geo.out)
+        K = C // G * math.prod(geo.kernel)
+        wg = w.reshape(G, M // G, K)
+        y3 = y.reshape(N, G, M // G, P)
+        pointwise = all(k == 1 for k in geo.kernel) and not any(geo.pads)
+        step = max(1, _COLUMN_BUDGET // max(geo.cols_per_image, 1))
+        for s in range(0, N, step):
+            xs = x[s : s + step]
+            m = xs.shape[0]
+            if pointwise and all(v == 1 for v in geo.strides):
+                cols = xs.reshape(m, G, K, P)
+            elif pointwise:
+                sub = xs[(slice(None), slice(None), *(slice(None, None, v) for v in geo.strides))]
+                cols = xp.ascontiguousarray(sub).reshape(m, G, K, P)
+            else:
+                xpad = pad_spatial(xp, xs, geo.pads)
+                st = xpad.strides
+                view = _as_strided(
+                    xp,
+                    xpad,
+                    xpad.shape[:2] + tuple(geo.kernel) + tuple(geo.out),
+                    st[:2]
+                    + tuple(st[2 + i] * geo.dilations[i] for i in range(n))
+                    + tuple(st[2 + i] * geo.strides[i] for i in range(n)),
+                )
+                cols = xp.ascontiguousarray(view).reshape(m, G, K, P)
+            self.gemm(ctx, wg, cols, y3[s : s + m], dtype=self.dtype)
+        if b is not None:
+            y += b.reshape((1, M) + (1,) * n)
+
+
+class ConvTranspose(_ConvBase):
+    transpose = True
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.output_padding = info.attr("output_padding")
+        self.output_shape = info.attr("output_shape")
+
+    def geometry(self, xs: tuple[int, ...], ws: tuple[int, ...]) -> _Geometry:
+        n = len(xs) - 2
+        kernel, strides, dilations = self.window(xs, ws)
+        out, pads = shapes.conv_transpose_geometry(
+            xs[2:],
+            kernel,
+            strides,
+            dilations,
+            self.pads,
+            self.auto_pad,
+            self.output_padding,
+            self.output_shape,
+        )
+        N, C = xs[:2]
+        G = self.group
+        if C != ws[0] or C % G:
+            raise ValueError(f"ConvTranspose: input {xs}, weights {ws} and group {G} disagree")
+        y = (N, ws[1] * G, *out)
+        spec = None
+        if list(kernel) == list(ws[2:]) and min(pads) >= 0:
+            spec = dnn.ConvSpec(
+                "dgrad",
+                np.dtype(self.dtype),
+                tuple(xs),
+                tuple(ws),
+                y,
+                tuple(pads[:n]),
+                tuple(pads[n:]),
+                tuple(strides),
+                tuple(dilations),
+            )
+        cols = ws[1] * G * math.prod(kernel) * math.prod(xs[2:])
+        return _Geometry(y, kernel, strides, dilations, out, pads, spec, cols)
+
+    def fallback(self, ctx: Any, x: Any, w: Any, b: Any, y: Any, geo: _Geometry) -> None:
+        xp = self.xp
+        N, C = x.shape[:2]
+        G = self.group
+        Mg = w.shape[1]
+        n = len(geo.kernel)
+        in_sp = x.shape[2:]
+        S = math.prod(in_sp)
+        kernel, strides, dilations, pads, out_sp = (
+            geo.kernel,
+            geo.strides,
+            geo.dilations,
+            geo.pads,
+            geo.out,
+        )
+        # columns[n, g, (m, k), i] = sum_c w[g, c, (m, k)] * x[n, g, c, i]
+        wg = w.reshape(G, C // G, Mg * math.prod(kernel))
+        full = [
+            s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, in_sp, kernel, dilations)
+        ]
+        lo = [min(0, pads[i]) for i in range(n)]
+        size = [max(full[i], pads[i] + out_sp[i]) - lo[i] for i in range(n)]
+        wide = blas.is_half(self.dtype)
+        acc_dtype = xp.float32 if wide else y.dtype
+        crop = tuple(slice(pads[i] - lo[i], pads[i] - lo[i] + out_sp[i]) for i in range(n))
+        step = max(1, _COLUMN_BUDGET // max(geo.cols_per_image, 1))
+        for s in range(0, N, step):
+            xs = x[s : s + step]
+            m = xs.shape[0]
+            cols = xp.empty((m, G, Mg * math.prod(kernel), S), dtype=acc_dtype)
+            x4 = xs.reshape(m, G, C // G, S)
+            if wide:
+                # float16 columns are accumulated in float32: the GEMM runs on widened operands
+                x4, wf = blas.widen(xp, x4, self.dtype), blas.widen(xp, wg, self.dtype)
+                self.gemm(ctx, wf, x4, cols, trans_a=True, dtype=np.float32)
+            else:
+                self.gemm(ctx, wg, x4, cols, trans_a=True, dtype=self.dtype)
+            cols = cols.reshape(m, G * Mg, *kernel, *in_sp)
+            acc = xp.zeros((m, G * Mg, *size), dtype=acc_dtype)
+            for tap in itertools.product(*(range(k) for k in kernel)):
+                dst = tuple(
+                    slice(t * d - l, t * d - l + (i - 1) * st + 1, st)
+                    for t, d, l, i, st in zip(tap, dilations, lo, in_sp, strides)
+                )
+                acc[(slice(None), slice(None), *dst)] += cols[(slice(None), slice(None), *tap)]
+            res = acc[(slice(None), slice(None), *crop)]
+            if b is not None:
+                res = res + blas.widen(xp, b, self.dtype).reshape((1, -1) + (1,) * n)
+            blas.store(xp, res, y[s : s + m], self.dtype)
+
+
+def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
+    # Registered with enable_cudnn=0 too: the GEMM fallback then does the work.
+    reg.kernel("Conv", since=1, types={"T": CONV_TYPES})(Conv)
+    reg.kernel("ConvTranspose", since=1, types={"T": CONV_TYPES})(ConvTranspose)
+    reg.kernel("FusedConv", domain="com.microsoft", since=1, types={0: CONV_TYPES})(Conv)

@@ -1,0 +1,379 @@
+"""Pooling: MaxPool (with Indices), AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool,
+GlobalLpPool.
+
+On the GPU, each windowed pool is one CuPy ElementwiseKernel: a thread per output element walks
+its window with bounds checks. 1-D and 2-D pools run as 3-D pools with unit leading dims. There is
+no padded copy, no temporaries, and float16 is accumulated in float32. Under the host simulation
+the numpy twin pads the input with the reduction's identity and reduces one kernel tap at a time
+over strided views. It is the same algorithm as the CPU provider.
+
+Semantics, as in ONNX:
+* Windows follow ``shapes.window_geometry`` (auto_pad, ceil_mode, dilations). With ceil_mode, a
+  window is dropped when it would start in the end padding.
+* AveragePool divides by the number of taps inside the input, or inside the explicitly padded
+  input with ``count_include_pad``. Taps in the ceil_mode overhang never count.
+* MaxPool's Indices are flat indices over the whole input, N and C included. Over the spatial
+  dims they are row-major, or column-major with ``storage_order=1``. Ties go to the first tap in
+  row-major window order.
+* LpPool is ``(sum |x|^p)^(1/p)`` over the taps inside the input.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
+
+from ._base import CudaKernel
+from .conv import pad_spatial
+
+POOL_TYPES = dtypes("float16", "float32", "float64")
+
+# ---------------------------------------------------------------------------------------------
+# the CUDA kernel (CuPy ElementwiseKernel), one per mode and accumulator type
+
+_PARAMS = (
+    "raw T x, int32 D, int32 H, int32 W, int32 OD, int32 OH, int32 OW, "
+    "int32 KD, int32 KH, int32 KW, int32 SD, int32 SH, int32 SW, "
+    "int32 DD, int32 DH, int32 DW, int32 PD0, int32 PH0, int32 PW0, "
+    "int32 PD1, int32 PH1, int32 PW1, int32 FLAG, float64 P"
+)
+
+_LOOP = r"""
+long long t = i;
+const int ow = (int)(t % OW); t /= OW;
+const int oh = (int)(t % OH); t /= OH;
+const int od = (int)(t % OD); t /= OD;
+const long long base = t * ((long long)D * H * W);
+ACC acc = 0;
+ACC best = 0;
+long long where = -1;
+int count = 0;
+for (int a = 0; a < KD; ++a) {
+  const int id = od * SD - PD0 + a * DD;
+  const bool d_in = id >= 0 && id < D;
+  const bool d_pad = id >= -PD0 && id < D + PD1;
+  for (int b = 0; b < KH; ++b) {
+    const int ih = oh * SH - PH0 + b * DH;
+    const bool h_in = ih >= 0 && ih < H;
+    const bool h_pad = ih >= -PH0 && ih < H + PH1;
+    for (int c = 0; c < KW; ++c) {
+      const int iw = ow * SW - PW0 + c * DW;
+      const bool inside = d_in && h_in && iw >= 0 && iw < W;
+      BODY
+    }
+  }
+}
+TAIL
+"""
+
+_MODES = {
+    # FLAG = storage_order (column-major indices over the spatial dims)
+    "max": (
+        "T y, int64 idx",
+        r"""
+      if (inside) {
+        const long long off = ((long long)id * H + ih) * W + iw;
+        const ACC v = (ACC)x[base + off];
+        if (where < 0 || v > best || (v != v && best == best)) {
+          best = v;
+          where = FLAG ? (id + (long long)D * (ih + (long long)H * iw)) : off;
+        }
+      }""",
+        "y = (T)(where < 0 ? (ACC)(-CUDART_INF) : best);\nidx = base + where;",
+    ),
+    "max_values": (
+        "T y",
+        r"""
+      if (inside) {
+        const ACC v = (ACC)x[base + ((long long)id * H + ih) * W + iw];
+        if (where < 0 || v > best || (v != v && best == best)) {
+          best = v;
+          where = 0;
+        }
+      }""",
+        "y = (T)(where < 0 ? (ACC)(-CUDART_INF) : best);",
+    ),
+    # FLAG = count_include_pad
+    "avg": (
+        "T y",
+        r"""
+      if (inside) {
+        acc += (ACC)x[base + ((long long)id * H + ih) * W + iw];
+        if (!FLAG) ++count;
+      }
+      if (FLAG && d_pad && h_pad && iw >= -PW0 && iw < W + PW1) ++count;""",
+        "y = (T)(acc / (ACC)count);",
+    ),
+    "lp": (
+        "T y",
+        r"""
+      if (inside) {
+        const ACC v = (ACC)x[base + ((long long)id * H + ih) * W + iw];
+        acc += pow(v < 0 ? -v : v, (ACC)P);
+      }""",
+        "y = (T)pow(acc, (ACC)1 / (ACC)P);",
+    ),
+}
+
+_kernels: dict[tuple[str, str], Any] = {}
+
+
+def _cuda_kernel(xp: Any, mode: str, dtype: np.dtype) -> Any:
+    acc = "double" if dtype == np.float64 else "float"
+    k = _kernels.get((mode, acc))
+    if k is None:
+        outs, body, tail = _MODES[mode]
+        src = _LOOP.replace("BODY", body).replace("TAIL", tail).replace("ACC", acc)
+        k = _kernels[(mode, acc)] = xp.ElementwiseKernel(
+            _PARAMS, outs, src, f"onnxplug_{mode}pool_{acc}"
+        )
+    return k
+
+
+def _taps(kernel, strides, dilations, out_spatial):
+    """For every kernel tap (row-major), the spatial slices it reads for all outputs."""
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        yield tuple(
+            slice(t * d, t * d + (o - 1) * s + 1, s)
+            for t, d, s, o in zip(tap, dilations, strides, out_spatial)
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _Pool(CudaKernel):
+    mode = ""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.kernel = [int(k) for k in info.attr("kernel_shape")]
+        n = len(self.kernel)
+        self.strides = [int(s) for s in (info.attr("strides") or [1] * n)]
+        self.dilations = [int(d) for d in (info.attr("dilations") or [1] * n)]
+        self.pads = info.attr("pads")
+        ap = info.attr("auto_pad", "NOTSET")
+        self.auto_pad = ap.decode() if isinstance(ap, bytes) else ap
+        self.ceil_mode = bool(info.attr("ceil_mode", 0))
+        self.dtype = np.dtype(info.input_dtype(0))
+        self.flag = 0
+        self.p = 2.0
+        self._geo: dict[tuple, tuple] = {}
+
+    def geometry(self, shape: tuple[int, ...]) -> tuple:
+        """(output shape, pads, pads extended at the end so every window fits, kernel args)."""
+        geo = self._geo.get(shape)
+        if geo is not None:
+            return geo
+        out, pads = shapes.window_geometry(
+            shape[2:],
+            self.kernel,
+            self.strides,
+            self.dilations,
+            self.pads,
+            self.auto_pad,
+            self.ceil_mode,
+        )
+        n = len(out)
+        ext = list(pads)
+        for i in range(n):
+            need = (out[i] - 1) * self.strides[i] + (self.kernel[i] - 1) * self.dilations[i] + 1
+            ext[n + i] = max(pads[n + i], need - shape[2 + i] - pads[i])
+        lead = 3 - n
+        if lead < 0:
+            args = None  # more than 3 spatial dims: the tap loop runs on the GPU too
+        else:
+
+            def three(v: list[int], fill: int) -> list[int]:
+                return [fill] * lead + list(v)
+
+            args = (
+                *three(list(shape[2:]), 1),
+                *three(out, 1),
+                *three(self.kernel, 1),
+                *three(self.strides, 1),
+                *three(self.dilations, 1),
+                *three(pads[:n], 0),
+                *three(pads[n:], 0),
+            )
+        geo = self._geo[shape] = ((*shape[:2], *out), out, pads, ext, args)
+        return geo
+
+    def compute(self, ctx: KernelContext) -> None:
+        x = self.arg(ctx, 0)
+        yshape, out, pads, ext, args = self.geometry(x.shape)
+        y = self.alloc(ctx, 0, yshape, self.dtype)
+        want_idx = self.mode == "max" and ctx.has_output(1)
+        idx = self.alloc(ctx, 1, yshape, np.int64) if want_idx else None
+        if y.size == 0:
+            return
+        if self.xp is not np and args is not None:
+            if idx is not None:
+                k = _cuda_kernel(self.xp, "max", self.dtype)
+                k(x, *args, self.flag, self.p, y, idx)
+            else:
+                mode = "max_values" if self.mode == "max" else self.mode
+                _cuda_kernel(self.xp, mode, self.dtype)(x, *args, self.flag, self.p, y)
+            return
+        self.host(x, y, idx, out, pads, ext)
+
+    def host(self, x: Any, y: Any, idx: Any, out: list[int], pads: list[int], ext: list[int]):
+        raise NotImplementedError
+
+
+class MaxPool(_Pool):
+    mode = "max"
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.flag = int(info.attr("storage_order", 0))
+
+    def host(self, x, y, idx, out, pads, ext):
+        xp = self.xp
+        low = -np.inf
+        xpad = pad_spatial(xp, x, ext, low)
+        taps = list(_taps(self.kernel, self.strides, self.dilations, out))
+        lead = (slice(None), slice(None))
+        y[...] = xpad[lead + taps[0]]
+        best = xp.zeros(y.shape, dtype=xp.int64) if idx is not None else None
+        for t, sl in enumerate(taps[1:], 1):
+            v = xpad[lead + sl]
+            if best is not None:
+                best[v > y] = t
+            xp.maximum(y, v, out=y)
+        if idx is not None:
+            idx[...] = self.indices(xp, x.shape, out, pads, best)
+
+    def indices(self, xp, shape, out, pads, best):
+        """Flat input index of each output's max (row-major, or column-major over the spatial
+        dims with storage_order=1), counting N and C."""
+        sp = shape[2:]
+        n = len(sp)
+        taps = xp.asarray(np.array(list(np.ndindex(*self.kernel)), dtype=np.int64))  # (T, n)
+        flat = xp.zeros(best.shape, dtype=xp.int64)
+        order = list(range(n)) if self.flag == 0 else list(reversed(range(n)))
+        stride = 1
+        for i in reversed(order):
+            o = xp.arange(out[i], dtype=xp.int64).reshape((-1,) + (1,) * (n - 1 - i))
+            pos = o * self.strides[i] - pads[i] + taps[best, i] * self.dilations[i]
+            flat += pos * stride
+            stride *= sp[i]
+        nc = xp.arange(shape[0] * shape[1], dtype=xp.int64).reshape(shape[0], shape[1], *([1] * n))
+        return flat + nc * math.prod(sp)
+
+
+class AveragePool(_Pool):
+    mode = "avg"
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.flag = int(info.attr("count_include_pad", 0))
+
+    def host(self, x, y, idx, out, pads, ext):
+        xp = self.xp
+        xpad = pad_spatial(xp, _wide(xp, x), ext, 0)
+        acc = _tap_sum(xp, xpad, self.kernel, self.strides, self.dilations, out)
+        acc /= xp.asarray(self.counts(x.shape, out, pads), dtype=acc.dtype)
+        y[...] = acc
+
+    def counts(self, x_shape, out, pads) -> np.ndarray:
+        """Taps of each output's window inside the input (or inside the explicitly padded input
+        with count_include_pad), as a broadcastable array; separable per dim."""
+        n = len(out)
+        total = np.ones((1,) * n)
+        for i in range(n):
+            start = np.arange(out[i]) * self.strides[i] - pads[i]
+            pos = start[:, None] + np.arange(self.kernel[i]) * self.dilations[i]
+            if self.flag:
+                lo, hi = -pads[i], x_shape[2 + i] + pads[n + i]
+            else:
+                lo, hi = 0, x_shape[2 + i]
+            c = ((pos >= lo) & (pos < hi)).sum(axis=1)
+            total = total * c.reshape([-1 if j == i else 1 for j in range(n)])
+        return total
+
+
+class LpPool(_Pool):
+    mode = "lp"
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.p = float(info.attr("p", 2))
+
+    def host(self, x, y, idx, out, pads, ext):
+        xp = self.xp
+        xpad = pad_spatial(xp, xp.abs(_wide(xp, x)) ** self.p, ext, 0)
+        acc = _tap_sum(xp, xpad, self.kernel, self.strides, self.dilations, out)
+        y[...] = acc ** (1.0 / self.p)
+
+
+def _wide(xp: Any, x: Any) -> Any:
+    return x.astype(xp.float32) if x.dtype == np.float16 else x
+
+
+def _tap_sum(xp, xpad, kernel, strides, dilations, out):
+    lead = (slice(None), slice(None))
+    taps = _taps(kernel, strides, dilations, out)
+    acc = xpad[lead + next(taps)].copy()
+    for sl in taps:
+        acc += xpad[lead + sl]
+    return acc
+
+
+# ---------------------------------------------------------------------------------------------
+# global pools
+
+
+class _GlobalPool(CudaKernel):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.dtype = np.dtype(info.input_dtype(0))
+        self.p = float(info.attr("p", 2))
+
+    def compute(self, ctx: KernelContext) -> None:
+        x = self.arg(ctx, 0)
+        N, C = x.shape[:2]
+        y = self.alloc(ctx, 0, (N, C) + (1,) * (x.ndim - 2), self.dtype)
+        if y.size == 0:
+            return
+        self.reduce(x.reshape(N * C, -1), y.reshape(N * C))
+
+    def reduce(self, x2: Any, y1: Any) -> None:
+        raise NotImplementedError
+
+
+class GlobalAveragePool(_GlobalPool):
+    def reduce(self, x2, y1):
+        xp = self.xp
+        if self.dtype == np.float16:
+            y1[...] = xp.mean(x2, axis=1, dtype=xp.float32)
+        else:
+            xp.mean(x2, axis=1, out=y1)
+
+
+class GlobalMaxPool(_GlobalPool):
+    def reduce(self, x2, y1):
+        self.xp.max(x2, axis=1, out=y1)
+
+
+class GlobalLpPool(_GlobalPool):
+    def reduce(self, x2, y1):
+        xp = self.xp
+        s = xp.sum(xp.abs(_wide(xp, x2)) ** self.p, axis=1)
+        y1[...] = s ** (1.0 / self.p)
+
+
+def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
+    t = {"T": POOL_TYPES}
+    # MaxPool-8+ has the optional int64 Indices output (type I)
+    reg.kernel("MaxPool", since=1, types=t)(MaxPool)
+    reg.kernel("AveragePool", since=1, types=t)(AveragePool)
+    reg.kernel("LpPool", since=1, types=t)(LpPool)
+    reg.kernel("GlobalAveragePool", since=1, types=t)(GlobalAveragePool)
+    reg.kernel("GlobalMaxPool", since=1, types=t)(GlobalMaxPool)
+    reg.kernel("GlobalLpPool", since=1, types=t)(GlobalLpPool)
