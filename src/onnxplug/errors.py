@@ -1,6 +1,8 @@
 """Typed exceptions mirroring onnxruntime's (``onnxruntime.capi.onnxruntime_pybind11_state``).
 
 Every error names what it is about (the input, node, option or provider) so a user can act on it.
+The classes, their status names and codes are onnxruntime's (``OrtErrorCode``), so that
+``except onnxruntime.capi.onnxruntime_pybind11_state.X`` handlers carry over unchanged.
 The classes derive from the matching Python built-ins where onnxruntime users might catch those
 (``InvalidArgument`` is a ``ValueError``, ``NoSuchFile`` a ``FileNotFoundError``, ...).
 """
@@ -75,16 +77,40 @@ class EPFail(OnnxPlugError):
     code = 11
 
 
+class ModelLoadCanceled(OnnxPlugError):
+    status = "MODEL_LOAD_CANCELED"
+    code = 12
+
+
+class ModelRequiresCompilation(OnnxPlugError):
+    status = "MODEL_REQUIRES_COMPILATION"
+    code = 13
+
+
+class NotFound(OnnxPlugError, LookupError):
+    status = "NOT_FOUND"
+    code = 14
+
+
+class DeviceReset(OnnxPlugError):
+    status = "DEVICE_RESET"
+    code = 15
+
+
 __all__ = [
+    "DeviceReset",
     "EPFail",
     "EngineError",
     "Fail",
     "InvalidArgument",
     "InvalidGraph",
     "InvalidProtobuf",
+    "ModelLoadCanceled",
     "ModelLoaded",
+    "ModelRequiresCompilation",
     "NoModel",
     "NoSuchFile",
+    "NotFound",
     "NotImplemented",
     "OnnxPlugError",
     "RuntimeException",
