@@ -575,3 +575,48 @@ def test_dlpack_interop_with_onnxruntime():
     assert ours.data_ptr() == theirs.data_ptr()
     back = ort.OrtValue.from_dlpack(ox.OrtValue.ortvalue_from_numpy(a))
     np.testing.assert_array_equal(back.numpy(), a)
+
+
+# the module -----------------------------------------------------------------------------------
+
+ESSENTIAL_NAMES = [
+    "InferenceSession",
+    "SessionOptions",
+    "RunOptions",
+    "OrtValue",
+    "IOBinding",
+    "SessionIOBinding",
+    "NodeArg",
+    "ModelMetadata",
+    "GraphOptimizationLevel",
+    "ExecutionMode",
+    "ExecutionOrder",
+    "OrtEpDevice",
+    "get_available_providers",
+    "get_all_providers",
+    "get_device",
+    "get_version_string",
+    "get_build_info",
+    "get_ep_devices",
+    "register_execution_provider_library",
+    "unregister_execution_provider_library",
+    "set_default_logger_severity",
+    "set_default_logger_verbosity",
+    "enable_telemetry_events",
+    "disable_telemetry_events",
+    "preload_dlls",
+    "capi",
+]
+
+
+def test_module_namespace_covers_onnxruntime_essentials():
+    for name in ESSENTIAL_NAMES:
+        assert hasattr(ort, name), f"onnxruntime has no {name}"
+        assert hasattr(ox, name), f"onnxplug has no {name}"
+    # the error classes through the attribute path scripts use after `import onnxruntime as ort`
+    assert ox.capi.onnxruntime_pybind11_state.InvalidArgument is errors.InvalidArgument
+    for enum in ("GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder"):
+        ours, theirs = getattr(ox, enum), getattr(ort, enum)
+        assert {m.name: int(m) for m in ours} == {
+            n: int(v) for n, v in theirs.__members__.items()
+        }, enum

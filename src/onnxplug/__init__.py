@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import errors
+from . import capi, errors
 from .ep.api import API_VERSION, EpDevice
 from .ep.loader import REGISTRY as _REGISTRY
 from .session.inference_session import InferenceSession, ModelMetadata, NodeArg
@@ -80,6 +80,18 @@ def set_default_logger_severity(severity: int) -> None:
     )
 
 
+def set_default_logger_verbosity(verbosity: int) -> None:
+    """Accepted for compatibility; verbose records go to the 'onnxplug' logger at DEBUG."""
+
+
+def enable_telemetry_events() -> None:
+    """Accepted for compatibility: onnxplug sends no telemetry."""
+
+
+def disable_telemetry_events() -> None:
+    """Accepted for compatibility: onnxplug sends no telemetry."""
+
+
 def preload_dlls(*args: Any, **kwargs: Any) -> None:
     """Accepted for compatibility: provider plugins load their own libraries."""
 
@@ -99,6 +111,9 @@ __all__ = [
     "SessionIOBinding",
     "SessionOptions",
     "Value",
+    "capi",
+    "disable_telemetry_events",
+    "enable_telemetry_events",
     "errors",
     "get_all_providers",
     "get_available_providers",
@@ -108,5 +123,7 @@ __all__ = [
     "get_provider_load_errors",
     "get_version_string",
     "register_execution_provider_library",
+    "set_default_logger_severity",
+    "set_default_logger_verbosity",
     "unregister_execution_provider_library",
 ]
