@@ -126,7 +126,9 @@ def _compare_value(ref: Any, out: Any, rtol: float, atol: float, where: str) -> 
         raise AssertionError(f"{where}: {e}") from None
 
 
-def _compare(ref: list[Any], out: list[Any], rtol: float, atol: float) -> None:
+def compare_outputs(ref: list[Any], out: list[Any], rtol: float, atol: float) -> None:
+    """Raises AssertionError unless ``out`` matches the stored ``ref`` outputs (tensors,
+    sequences as lists, empty optionals as None) within rtol/atol, as onnx's runner does."""
     ref = [_normalize(r) for r in ref]
     out = [_normalize(o) for o in out]
     if len(ref) != len(out):
@@ -195,7 +197,7 @@ def run_case(case: Any, providers: list[Any]) -> CaseResult:
                 for i, (r, o) in enumerate(zip(ref, got)):
                     _compare_structure(r, _normalize(o), f"output {i}")
             else:
-                _compare(list(outputs), got, case.rtol, case.atol)
+                compare_outputs(list(outputs), got, case.rtol, case.atol)
         except (AssertionError, TypeError, ValueError) as e:
             return CaseResult(case.name, "fail", _short(e), ops, on_provider)
     if random_ops:
