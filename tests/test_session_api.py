@@ -538,6 +538,12 @@ def test_ortvalue_update_inplace():
         v.update_inplace(np.ones((3, 3), np.float32))
     with pytest.raises(errors.InvalidArgument, match="update_inplace"):
         v.update_inplace(np.ones((2, 3), np.float64))
+    # a 0-d value and a non-contiguous source
+    s = ox.OrtValue.ortvalue_from_numpy(np.array(1.0, np.float32))
+    s.update_inplace(np.array(2.5, np.float32))
+    assert s.shape() == [] and float(s.numpy()) == 2.5
+    v.update_inplace(np.arange(6, dtype=np.float32).reshape(3, 2).T)
+    np.testing.assert_array_equal(a, np.arange(6, dtype=np.float32).reshape(3, 2).T)
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,7 @@ class OrtValue:
         env = get_environment()
         alloc, _ = env.allocator_for_device(device_type, device_id)
         t = allocate_tensor(alloc, arr.shape, arr.dtype)
-        env.transfer.copy(np.ascontiguousarray(arr), t)
+        env.transfer.copy(np.asarray(arr, order="C"), t)  # keeps 0-d shapes
         return OrtValue(t)
 
     @staticmethod
@@ -178,7 +178,7 @@ class OrtValue:
     def update_inplace(self, np_arr: Any) -> None:
         """Copy ``np_arr`` into this tensor's memory (same shape and dtype), on any device."""
         t = self._tensor()
-        src = np.ascontiguousarray(np_arr)
+        src = np.asarray(np_arr, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
         if tuple(src.shape) != tuple(t.shape) or src.dtype != t.dtype:
             raise InvalidArgument(
                 f"update_inplace: got {src.dtype}{list(src.shape)}, the value is "
