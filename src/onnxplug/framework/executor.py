@@ -478,14 +478,14 @@ class GraphRunner:
                 if spec.foldable:
                     rec.folded[s] = v
                 if isinstance(v, DeviceTensor):
-                    k = _tag(v, rec)
-                    if k is not None:
-                        rec.streams[k].add(spec.ep_key)  # a view made by another provider
+                    tagged = _tag(v, rec)
+                    if tagged is not None:
+                        rec.streams[tagged].add(spec.ep_key)  # a view made by another provider
                         end = released_at.get(s)
                         if end is None:
-                            rec.escaped.add(k)
+                            rec.escaped.add(tagged)
                         else:
-                            rec.last_use[k] = max(rec.last_use[k], end)
+                            rec.last_use[tagged] = max(rec.last_use[tagged], end)
                 else:
                     rec.escaped.update(_tags(v, rec))
             for r in spec.release:
