@@ -5,12 +5,19 @@ input's shape); the table gives the median of ``--runs`` timed runs after a warm
 runtime, and the ratio onnxplug / onnxruntime. onnxruntime is optional: without it that
 column stays empty.
 
+onnxplug's GEMMs run on numpy's BLAS, whose thread count is set by the environment
+(``OPENBLAS_NUM_THREADS``) before numpy loads; ``--ort-threads`` sets onnxruntime's
+intra-op threads to compare like with like. A busy machine hurts spinning BLAS threads
+badly: the header prints the load average.
+
     python benchmarks/cpu_light_models.py [--runs 10] [--models resnet50,vgg19]
+    OPENBLAS_NUM_THREADS=1 python benchmarks/cpu_light_models.py --ort-threads 1
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -53,7 +60,7 @@ def median_ms(run, runs: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def bench(name: str, runs: int) -> tuple[float, float | None]:
+def bench(name: str, runs: int, ort_threads: int = 0) -> tuple[float, float | None]:
     import onnxplug
 
     path = str(LIGHT_DIR / f"light_{name}.onnx")
@@ -66,6 +73,7 @@ def bench(name: str, runs: int) -> tuple[float, float | None]:
         return ours, None
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    opts.intra_op_num_threads = ort_threads
     ref = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     return ours, median_ms(lambda: ref.run(None, {feed_name: x}), runs)
 
@@ -74,10 +82,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--ort-threads", type=int, default=0, help="0: onnxruntime's default")
     args = ap.parse_args()
+    blas = os.environ.get("OPENBLAS_NUM_THREADS", "default")
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    print(
+        f"# {os.cpu_count()} cpus, load average {load}; OPENBLAS_NUM_THREADS={blas}, "
+        f"onnxruntime intra_op_num_threads={args.ort_threads or 'default'}"
+    )
     print(f"{'model':<14} {'onnxplug ms':>12} {'onnxruntime ms':>15} {'ratio':>7}")
     for name in args.models.split(","):
-        ours, ref = bench(name, args.runs)
+        ours, ref = bench(name, args.runs, args.ort_threads)
         ref_s = f"{ref:15.1f}" if ref is not None else f"{'-':>15}"
         ratio = f"{ours / ref:7.2f}" if ref else f"{'-':>7}"
         print(f"{name:<14} {ours:12.1f} {ref_s} {ratio}", flush=True)

@@ -97,27 +97,39 @@ class Conv(ConvBase):
         M, G = w.shape[0], self.group
         if C != w.shape[1] * G or M % G:
             raise ValueError(f"Conv: input {x.shape}, weights {w.shape} and group {G} disagree")
-        P = math.prod(out_sp)
+        wg = w.reshape(G, M // G, -1)
         if w.shape[1] == 1 and M == G and G > 1:
             y = self.depthwise(pad_spatial(x, pads), w, kernel, strides, dilations, out_sp)
+        elif all(k == 1 for k in kernel) and not any(pads):
+            # 1x1: the input (strided if need be) is already the columns
+            x = x[(slice(None), slice(None), *(slice(None, None, s) for s in strides))]
+            y = np.matmul(wg, x.reshape(N, G, C // G, -1)).reshape(N, M, *out_sp)
         else:
-            cols = self.columns(x, pads, kernel, strides, dilations, out_sp)
-            cols = cols.reshape(N, G, -1, P)
-            y = np.matmul(w.reshape(G, M // G, -1), cols).reshape(N, M, *out_sp)
+            y = self.im2col_gemm(x, wg, pads, kernel, strides, dilations, out_sp)
         if b is not None:
             y += b.reshape((M,) + (1,) * n_sp)
         ctx.set_output(0, y.astype(dtype, copy=False))
 
-    @staticmethod
-    def columns(x, pads, kernel, strides, dilations, out_sp) -> np.ndarray:
-        """(N, C * prod(kernel), prod(out)) columns; a view of x for an unpadded 1x1 kernel."""
-        N, C = x.shape[:2]
-        if all(k == 1 for k in kernel) and not any(pads):
-            if any(s != 1 for s in strides):
-                x = x[(slice(None), slice(None), *(slice(None, None, s) for s in strides))]
-            return x.reshape(N, C, -1)
+    # bytes of columns gathered per GEMM: bounds the scratch and keeps big layers in cache
+    COLUMN_BYTES = 1 << 23
+
+    def im2col_gemm(self, x, wg, pads, kernel, strides, dilations, out_sp) -> np.ndarray:
+        """Gather the windows of a block of output rows (first spatial dim) into columns and
+        multiply, block by block, into the (N, G, M/G, P) output."""
+        N = x.shape[0]
+        G, Mg, K = wg.shape
         view = windows(pad_spatial(x, pads), kernel, strides, dilations, out_sp)
-        return view.reshape(N, C * math.prod(kernel), -1)
+        view = view.reshape(N, G, -1, *view.shape[2:])  # (N, G, C/G, *kernel, *out)
+        row = math.prod(out_sp[1:])  # outputs per step of the first spatial dim
+        step = max(1, self.COLUMN_BYTES // (G * K * row * x.itemsize))
+        y = np.empty((N, G, Mg, math.prod(out_sp)), dtype=x.dtype)
+        lead = (slice(None),) * (2 + len(kernel))
+        for n in range(N):
+            for r in range(0, out_sp[0], step):
+                r1 = min(out_sp[0], r + step)
+                cols = view[n][(*lead, slice(r, r1))].reshape(G, K, -1)
+                np.matmul(wg, cols, out=y[n, :, :, r * row : r1 * row])
+        return y.reshape(N, G * Mg, *out_sp)
 
     @staticmethod
     def depthwise(xp, w, kernel, strides, dilations, out_sp) -> np.ndarray:
