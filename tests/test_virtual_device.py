@@ -355,3 +355,33 @@ def test_providers_without_streams(virt, virt1, streamless):
     for n in (3, 3, 3):
         x = rand(n, 6, seed=n)
         assert_same(sess.run(None, {"x": x}), cpu_outputs(model, {"x": x}))
+
+
+# ---------------------------------------------------------------------------------------------
+# control flow: subgraphs run on their own frames (and streams) but read outer device values
+
+
+@pytest.mark.parametrize("if_on", [vd.NAME, CPU])
+def test_if_reads_outer_device_values(virt, if_on):
+    model = graphs.if_model()
+    ops = "Relu,Mul,Add" + (",If" if if_on == vd.NAME else "")
+    sess = ox.InferenceSession(model, providers=[(vd.NAME, {"ops": ops}), CPU])
+    eps = {(r["graph"], r["op_type"]): r["ep"] for r in sess.get_provider_graph_assignment_info()}
+    assert eps[("g", "If")] == if_on
+    assert eps[("then", "Mul")] == eps[("else", "Add")] == eps[("g", "Relu")] == vd.NAME
+    x = np.linspace(-2, 2, 6, dtype=np.float32)
+    for s in (1, -1, -1, 1, 1, -1):
+        feeds = {"x": x, "s": np.float32(s)}
+        assert_same(sess.run(None, feeds), cpu_outputs(model, feeds))
+
+
+@pytest.mark.parametrize("loop_on", [vd.NAME, CPU])
+def test_loop_carries_device_values(virt, loop_on):
+    model = graphs.loop_model()
+    ops = "Relu,Mul,Add" + (",Loop" if loop_on == vd.NAME else "")
+    sess = ox.InferenceSession(model, providers=[(vd.NAME, {"ops": ops}), CPU])
+    eps = {(r["graph"], r["op_type"]): r["ep"] for r in sess.get_provider_graph_assignment_info()}
+    assert eps[("g", "Loop")] == loop_on and eps[("body", "Add")] == vd.NAME
+    for n, m in ((5, 3), (5, 3), (5, 0), (2, 4), (5, 3)):
+        feeds = {"x": rand(n, seed=m), "m": np.array(m, np.int64)}
+        assert_same(sess.run(None, feeds), cpu_outputs(model, feeds))

@@ -118,3 +118,53 @@ def exchange() -> bytes:
     return make_model(
         nodes, [tensor("x", ["N", 6])], [tensor("y", ["N", 6])], {"w": w, "c": c, "d": d}
     )
+
+
+def if_model() -> bytes:
+    """z = Relu(If(s > 0, r * r, r + r)) with r = Relu(x): the branches read r from the outer
+    graph (an implicit input) and the condition is computed on the host."""
+    then = helper.make_graph([node("Mul", ["r", "r"], ["t"])], "then", [], [tensor("t", None)])
+    other = helper.make_graph([node("Add", ["r", "r"], ["e"])], "else", [], [tensor("e", None)])
+    nodes = [
+        node("Relu", ["x"], ["r"]),
+        node("Greater", ["s", "zero"], ["c"]),
+        node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+        node("Relu", ["y"], ["z"]),
+    ]
+    return make_model(
+        nodes,
+        [tensor("x", ["N"]), tensor("s", [])],
+        [tensor("z", ["N"])],
+        {"zero": np.array(0, np.float32)},
+    )
+
+
+def loop_model() -> bytes:
+    """acc <- Relu(acc) * 0.5 + r for m iterations (r = Relu(x) from the outer graph), with
+    every iteration's acc stacked as a scan output."""
+    body = helper.make_graph(
+        [
+            node("Relu", ["acc"], ["a"]),
+            node("Mul", ["a", "half"], ["b"]),
+            node("Add", ["b", "r"], ["acc_out"]),
+            node("Mul", ["acc_out", "half"], ["scan"]),
+            node("Identity", ["cond"], ["cond_out"]),
+        ],
+        "body",
+        [
+            tensor("i", [], TensorProto.INT64),
+            tensor("cond", [], TensorProto.BOOL),
+            tensor("acc", ["N"]),
+        ],
+        [tensor("cond_out", [], TensorProto.BOOL), tensor("acc_out", ["N"]), tensor("scan", ["N"])],
+    )
+    nodes = [
+        node("Relu", ["x"], ["r"]),
+        node("Loop", ["m", "", "x"], ["acc", "scans"], body=body),
+    ]
+    return make_model(
+        nodes,
+        [tensor("x", ["N"]), tensor("m", [], TensorProto.INT64)],
+        [tensor("acc", ["N"]), tensor("scans", ["M", "N"])],
+        {"half": np.array(0.5, np.float32)},
+    )

@@ -46,9 +46,10 @@ def place(
     if isinstance(value, np.ndarray) and value.dtype == object:
         raise TypeError(f"string tensors cannot be placed on {device}")
     out_t = allocate_tensor(allocators[device], value.shape, value.dtype, stream)
-    transfer.copy(
-        np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value, out_t, stream
-    )
+    if isinstance(value, np.ndarray) and not value.flags.c_contiguous:
+        # (not unconditionally: ascontiguousarray turns a 0-d array into shape (1,))
+        value = np.ascontiguousarray(value)
+    transfer.copy(value, out_t, stream)
     return out_t
 
 

@@ -227,6 +227,10 @@ class GraphRunner:
                     f.steps.append((_host_wait, note, ()))
                 else:
                     f.steps.append((note.wait_on_device, stream, ()))
+            if stream is not None and spec.info.node.subgraphs:
+                # subgraphs run on frames (and streams) of their own and control flow reads
+                # its inputs on the host: the work queued before must be done
+                f.steps.append((_drain, stream, ()))
             out_alloc = tuple(
                 self._out_allocator(i, j, dev, f, sig, recorder, stream)
                 for j, dev in enumerate(spec.out_devices)
@@ -564,6 +568,10 @@ def _end_run(frame: Frame, failed: bool) -> None:
 
 def _host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.empty(shape, dtype=dtype)
+
+
+def _drain(stream: Any) -> None:
+    stream.flush()
 
 
 def _host_wait(note: Any) -> None:

@@ -406,17 +406,24 @@ def build_runner(
     for i, spec in enumerate(specs):
         spec.release = tuple(releases.get(i, ()))
 
-    # cross-stream waits
+    # cross-stream waits: a step reading a value that another provider's stream produced
+    # waits for it, on its own stream or, for host steps, on the host (subgraphs read outer
+    # values as implicit inputs). Not needed for inputs read for their shape only, nor after
+    # MemcpyToHost, which drains its stream before returning.
     waits: dict[int, list[tuple[int, str]]] = {}
     for i, spec in enumerate(specs):
-        if spec.ep_key is None:
-            continue
-        for s in spec.in_slots:
+        shape_only = spec.info.kernel_def.shape_only_inputs
+        reads = [s for k, s in enumerate(spec.in_slots) if k not in shape_only]
+        for s in itertools.chain(reads, spec.implicit_slots):
             p = producer_step.get(s)
             if p is None:
                 continue
             pk = specs[p].ep_key
-            if pk is not None and pk != spec.ep_key and (p, pk) not in waits.get(i, []):
+            if pk is None or pk == spec.ep_key:
+                continue
+            if spec.ep_key is None and specs[p].info.op_type == MEMCPY_TO_HOST:
+                continue
+            if (p, pk) not in waits.get(i, []):
                 waits.setdefault(i, []).append((p, pk))
 
     plan = ExecutionPlan(

@@ -2,8 +2,9 @@
 
 It is a real plugin (it imports only ``onnxplug.ep``): a factory offering device ``virt:N``,
 an EP claiming Add, Sub, Mul, Relu, MatMul, Transpose, Reshape (a view; its shape input in
-host memory), Softmax and NonZero, a counting allocator over host memory, queued streams with
-notifications, and a data transfer for host <-> virt. Register it with::
+host memory), Softmax, NonZero, If and Loop (the host's kernels), a counting allocator over
+host memory, queued streams with notifications, and a data transfer for host <-> virt.
+Register it with::
 
     onnxplug.register_execution_provider_library(
         "VirtualDeviceExecutionProvider", "tests.plugins.virtual_device:create_factory")

@@ -16,9 +16,11 @@ import numpy as np
 
 from onnxplug.ep import (
     DeviceTensor,
+    IfKernel,
     Kernel,
     KernelContext,
     KernelRegistry,
+    LoopKernel,
     MemType,
     dtypes,
     shapes,
@@ -160,3 +162,11 @@ class NonZero(VirtKernel):
         out = ctx.output(0, nz.shape, np.int64)
         ov = out.host_array()
         self.launch(ctx, lambda: np.copyto(ov, nz))
+
+
+# Control flow: the host's kernels, with the condition and trip count read on the host (as
+# onnxruntime's CUDA EP declares them); the host runs the subgraphs with the session's providers.
+REGISTRY.kernel("If", since=1, input_memory={0: MemType.CPU_INPUT})(IfKernel)
+REGISTRY.kernel("Loop", since=1, input_memory={0: MemType.CPU_INPUT, 1: MemType.CPU_INPUT})(
+    LoopKernel
+)
