@@ -197,6 +197,12 @@ def test_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         main([])
     assert e.value.code == 2
+    assert "required: COMMAND" in _one_error_line(capsys.readouterr().err)
+    with pytest.raises(SystemExit) as e:
+        main(["run", "model.onnx", "--runs", "many"])
+    assert e.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and line.startswith("onnxplug run: error: argument --runs")
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -30,6 +30,13 @@ _MAX_OPS_LISTED = 8  # op types listed per provider in the assignment summary
 
 class CliError(Exception):
     """A user error the CLI reports in one line (bad argument, missing file, ...)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line too (argparse prints the usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,7 +471,7 @@ def _add_provider_args(p: argparse.ArgumentParser, help_default: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     import onnxplug as ox
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="onnxplug",
         description="onnxplug: an ONNX runtime with plugin execution providers",
     )
