@@ -11,6 +11,7 @@ import json
 import onnx
 import pytest
 
+import onnxplug as ox
 from onnxplug.tools.conformance import (
     XFAIL_FILE,
     CaseResult,
@@ -86,6 +87,21 @@ def test_results_are_deterministic(results: list[CaseResult]) -> None:
     again = run_suite(["CPUExecutionProvider"], pattern="bernoulli|dropout|scatter")
     first = {r.name: (r.status, r.message) for r in results}
     assert again and all(first[r.name] == (r.status, r.message) for r in again)
+
+
+def test_optimizations_off_gives_the_same_results(results: list[CaseResult]) -> None:
+    # the graph optimizer (constant folding, Identity removal, fusions) must not change a
+    # case's outcome: the suite without it agrees case by case
+    so = ox.SessionOptions()
+    so.graph_optimization_level = ox.GraphOptimizationLevel.ORT_DISABLE_ALL
+    plain = run_suite(["CPUExecutionProvider"], sess_options=so)
+    optimized = {r.name: r.status for r in results}
+    differ = {
+        r.name: (optimized[r.name], r.status, r.message)
+        for r in plain
+        if r.status != optimized[r.name]
+    }
+    assert not differ, differ
 
 
 def test_json_report(results: list[CaseResult], tmp_path) -> None:

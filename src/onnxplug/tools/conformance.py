@@ -166,7 +166,7 @@ def _graph_ops(graph: Any) -> set[str]:
     return ops
 
 
-def run_case(case: Any, providers: list[Any]) -> CaseResult:
+def run_case(case: Any, providers: list[Any], sess_options: Any = None) -> CaseResult:
     import onnxplug as ox
 
     all_ops = _graph_ops(case.model.graph)
@@ -175,7 +175,7 @@ def run_case(case: Any, providers: list[Any]) -> CaseResult:
     # Kernels that draw from numpy's global RNG see the same state whatever ran before.
     np.random.seed(zlib.crc32(case.name.encode()))
     try:
-        sess = ox.InferenceSession(case.model, providers=providers)
+        sess = ox.InferenceSession(case.model, sess_options, providers=providers)
     except Exception as e:
         return CaseResult(case.name, "load_error", _short(e), ops)
     first = providers[0] if isinstance(providers[0], str) else providers[0][0]
@@ -219,13 +219,17 @@ def _short(e: BaseException) -> str:
 
 
 def run_suite(
-    providers: list[Any], pattern: str | None = None, progress: bool = False
+    providers: list[Any],
+    pattern: str | None = None,
+    progress: bool = False,
+    sess_options: Any = None,
 ) -> list[CaseResult]:
-    """Every case (matching ``pattern``) on ``providers``, in name order."""
+    """Every case (matching ``pattern``) on ``providers``, in name order; ``sess_options``
+    (an onnxplug.SessionOptions) applies to every case's session."""
     results = []
     cases = collect_cases(pattern)
     for k, case in enumerate(cases):
-        results.append(run_case(case, providers))
+        results.append(run_case(case, providers, sess_options))
         if progress and k % 200 == 0:
             print(f"  {k}/{len(cases)}", flush=True)
     return results
