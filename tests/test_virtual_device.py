@@ -385,3 +385,36 @@ def test_loop_carries_device_values(virt, loop_on):
     for n, m in ((5, 3), (5, 3), (5, 0), (2, 4), (5, 3)):
         feeds = {"x": rand(n, seed=m), "m": np.array(m, np.int64)}
         assert_same(sess.run(None, feeds), cpu_outputs(model, feeds))
+
+
+def test_if_branch_passing_an_outer_value_through(virt):
+    # The then-branch returns the outer r itself (Identity is an alias on the device), the
+    # else-branch a new tensor. Recorded with the else-branch, the plan must still not let
+    # q take r's memory when a later run takes the then-branch and y *is* r.
+    then = graphs.helper.make_graph(
+        [node("Identity", ["r"], ["t"])], "then", [], [tensor("t", None)]
+    )
+    other = graphs.helper.make_graph(
+        [node("Add", ["r", "r"], ["e"])], "else", [], [tensor("e", None)]
+    )
+    nodes = [
+        node("Relu", ["x"], ["r"]),
+        node("Greater", ["s", "zero"], ["c"]),
+        node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+        node("Mul", ["x", "x"], ["q"]),
+        node("Add", ["y", "q"], ["z"]),
+    ]
+    model = make_model(
+        nodes,
+        [tensor("x", ["N"]), tensor("s", [])],
+        [tensor("z", ["N"])],
+        {"zero": np.array(0, np.float32)},
+    )
+    sess = ox.InferenceSession(model, providers=[vd.NAME, CPU])
+    assert {
+        r["ep"] for r in sess.get_provider_graph_assignment_info() if r["op_type"] != "Greater"
+    } == {vd.NAME}
+    x = np.linspace(-2, 2, 6, dtype=np.float32)
+    for s in (-1, 1, 1, -1, 1):
+        feeds = {"x": x, "s": np.float32(s)}
+        assert_same(sess.run(None, feeds), cpu_outputs(model, feeds))

@@ -471,10 +471,15 @@ class GraphRunner:
                 self._profile(ctx.info, t0, time.perf_counter_ns())
             i = step_of[id(ctx)]
             spec = plan.steps[i]
+            runs_subgraphs = bool(spec.info.node.subgraphs)
             for s in itertools.chain(spec.in_slots, spec.implicit_slots):
                 if s >= 0:
                     for k in _tags(values[s], rec):
                         rec.streams[k].add(spec.ep_key)
+                        if runs_subgraphs:
+                            # a subgraph may return what it read (an Identity in one If
+                            # branch, say): this run cannot tell how long that lives
+                            rec.escaped.add(k)
             for s in spec.out_slots:
                 if s < 0:
                     continue

@@ -1,9 +1,10 @@
 """A provider plugin whose "device" is host memory: multi-device paths without a GPU.
 
 It is a real plugin (it imports only ``onnxplug.ep``): a factory offering device ``virt:N``,
-an EP claiming Add, Sub, Mul, Relu, MatMul, Transpose, Reshape (a view; its shape input in
-host memory), Softmax, NonZero, If and Loop (the host's kernels), a counting allocator over
-host memory, queued streams with notifications, and a data transfer for host <-> virt.
+an EP claiming Add, Sub, Mul, Relu, MatMul, Transpose, Reshape and Identity (views of their
+input; Reshape's shape in host memory), Softmax, NonZero, If and Loop (the host's kernels),
+a counting allocator over host memory, queued streams with notifications, and a data
+transfer for host <-> virt.
 Register it with::
 
     onnxplug.register_execution_provider_library(

@@ -135,6 +135,14 @@ class Reshape(VirtKernel):
         ctx.set_output(0, x.view(dims))
 
 
+@REGISTRY.kernel("Identity", since=1)
+class Identity(VirtKernel):
+    """The input itself, as device plugins do (onnxplug-cuda's Identity): an alias."""
+
+    def compute(self, ctx: KernelContext) -> None:
+        ctx.set_output(0, self.device_input(ctx, 0))
+
+
 @REGISTRY.kernel("Softmax", since=13, types={"T": FLOATS})
 class Softmax(VirtKernel):
     def compute(self, ctx: KernelContext) -> None:
