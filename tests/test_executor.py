@@ -102,11 +102,25 @@ def test_shape_computations_are_folded_per_signature():
     for x in (a, a, a, b, b, a, b):
         ran, (y,) = ran_nodes(sess, {"x": x})
         np.testing.assert_array_equal(y, np.maximum(x, 0).reshape(x.shape[0], -1))
-        seen.append(SHAPE_NODES <= ran)
+        seen.append(ran & SHAPE_NODES)
         assert "Relu_r" in ran and "Reshape_y" in ran
     # computed on the first run of each signature only; later runs (on pooled frames that
     # are reused) take the folded values
-    assert seen == [True, False, False, True, False, False, False]
+    all_, none = SHAPE_NODES, set()
+    assert seen == [all_, none, none, all_, none, none, none]
+
+
+def test_many_signatures_evict_old_plans_without_breaking_runs():
+    sess = profiled_session(shape_chain(), [CPU])
+    xs = [np.full((n, 2, 1), n - 20, np.float32) for n in range(1, 45)]  # > the plan cache
+    for _ in range(2):
+        for x in xs:
+            ran, (y,) = ran_nodes(sess, {"x": x})
+            np.testing.assert_array_equal(y, np.maximum(x, 0).reshape(len(x), -1))
+    # the most recent signatures kept their plans, the evicted ones recorded again
+    ran, _ = ran_nodes(sess, {"x": xs[-1]})
+    assert not SHAPE_NODES & ran
+    assert len(sess._runner._signatures) <= 32
 
 
 def test_shape_of_a_data_dependent_value_is_not_folded():

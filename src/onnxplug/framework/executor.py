@@ -335,11 +335,15 @@ class GraphRunner:
             # Skip a step only when every output is a small host array that is not a graph
             # output: what a run returns belongs to the caller, who may write to it.
             if all(
-                isinstance(o, np.ndarray) and o.size <= _FOLD_MAX_ELEMENTS and s not in outputs
+                isinstance(o, (np.ndarray, np.generic))
+                and o.size <= _FOLD_MAX_ELEMENTS
+                and s not in outputs
                 for s, o in outs
             ):
                 for s, o in outs:
-                    o = np.array(o)  # a copy: the recorded array may be referenced elsewhere
+                    # a copy (the recorded array may be referenced elsewhere), and an array
+                    # where a kernel left a numpy scalar
+                    o = np.array(o)
                     o.flags.writeable = False
                     folded[s] = o
                 skip.add(i)
