@@ -4,7 +4,10 @@ CPU fallback."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -263,3 +266,18 @@ def test_without_cpu_fallback_an_unclaimed_op_is_an_error(virt):
     # with the fallback the host runs it
     sess = ox.InferenceSession(graphs.chain("Tanh", 1), providers=[vd.NAME])
     assert sess.get_providers() == [vd.NAME, CPU]
+
+
+def test_the_virtual_device_plugin_sees_only_the_plugin_api():
+    allowed = {"onnxplug.ep", "numpy"} | set(sys.stdlib_module_names)
+    for path in Path(vd.__file__).parent.glob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.level == 0:
+                names = [n.module or ""]
+            elif isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert name in allowed or top in allowed - {"onnxplug"}, f"{path.name}: {name}"
