@@ -418,3 +418,14 @@ def test_if_branch_passing_an_outer_value_through(virt):
     for s in (-1, 1, 1, -1, 1):
         feeds = {"x": x, "s": np.float32(s)}
         assert_same(sess.run(None, feeds), cpu_outputs(model, feeds))
+
+
+def test_streams_of_frames_no_run_reuses_are_closed(virt):
+    sess = ox.InferenceSession(graphs.chain("Relu", 3), providers=[vd.NAME, CPU])
+    for _ in range(3):
+        for n in (1, 2, 3):
+            sess.run(None, {"x": rand(n, 2)})
+    stats = virt.stats.snapshot()
+    # one stream per frame: three recording frames, closed after their run, and the
+    # pooled frame of each of the three signatures, still open
+    assert stats["streams"] == 6 and stats["streams_closed"] == 3

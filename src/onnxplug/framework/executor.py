@@ -398,18 +398,30 @@ class GraphRunner:
             return self._execute(frame, feeds, run_options, None)
         finally:
             with sig.lock:
-                if len(sig.frames) < _MAX_POOLED_FRAMES:
+                pooled = len(sig.frames) < _MAX_POOLED_FRAMES
+                if pooled:
                     sig.frames.append(frame)
+            if not pooled:
+                _close_streams(frame)
 
     def _first_run(self, key: tuple, feeds: list[Any], run_options: Any) -> list[Any]:
         recorder = _Recorder()
         frame = self._make_frame(None, recorder)
-        outs = self._execute(frame, feeds, run_options, recorder)
+        try:
+            outs = self._execute(frame, feeds, run_options, recorder)
+        finally:
+            _close_streams(frame)  # a recording frame is never reused
         sig = self._build_signature_plan(recorder)
+        evicted = None
         with self._lock:
-            if len(self._signatures) >= _MAX_SIGNATURES:
-                self._signatures.pop(next(iter(self._signatures)))
+            if key not in self._signatures and len(self._signatures) >= _MAX_SIGNATURES:
+                evicted = self._signatures.pop(next(iter(self._signatures)))
             self._signatures.setdefault(key, sig)
+        if evicted is not None:
+            with evicted.lock:
+                frames, evicted.frames = evicted.frames, []
+            for f in frames:
+                _close_streams(f)
         return outs
 
     def _execute(
@@ -573,6 +585,13 @@ def _end_run(frame: Frame, failed: bool) -> None:
             first = first or e
     if first is not None and not failed:
         raise Fail(f"run failed: {type(first).__name__}: {first}") from first
+
+
+def _close_streams(frame: Frame) -> None:
+    """Release the streams of a frame no run will use again."""
+    for stream in frame.streams.values():
+        if stream is not None:
+            stream.close()
 
 
 def _host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:

@@ -57,6 +57,7 @@ class VirtStream(SyncStream):
         # Reentrant: running a wait item makes another stream run, whose waits may ask this
         # stream for work it has already done.
         self._run_lock = threading.RLock()
+        self.closed = False
         stats.add("streams")
 
     @property
@@ -68,6 +69,8 @@ class VirtStream(SyncStream):
         return len(self._queue)
 
     def enqueue(self, fn: Callable[[], None]) -> int:
+        if self.closed:
+            raise RuntimeError("work queued on a closed stream")
         with self._run_lock:
             self._enqueued += 1
             self._queue.append((self._enqueued, fn))
@@ -90,6 +93,12 @@ class VirtStream(SyncStream):
     def flush(self) -> None:
         self.stats.add("flushes")
         self.run_until(self._enqueued)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.flush()
+            self.closed = True
+            self.stats.add("streams_closed")
 
     def create_notification(self) -> VirtNotification:
         self.stats.add("notifications")
