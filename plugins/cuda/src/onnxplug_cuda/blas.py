@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -206,6 +205,14 @@ def _ptr(arr: Any) -> int:
     return int(arr.data.ptr)
 
 
+class _Geo:
+    """One call signature: the plan key without pointer alignments, the alignment the batch
+    strides allow per operand, the byte offsets of the batches looped over in Python, the
+    alpha/beta type and the plans built for it (by pointer alignment; False: none exists)."""
+
+    __slots__ = ("key", "offsets", "plans", "sal", "scale")
+
+
 class _LtPlan:
     """A cuBLASLt matmul descriptor, its four layouts, a preference and the chosen algorithm."""
 
@@ -213,6 +220,7 @@ class _LtPlan:
         "L",
         "algo",
         "algo_ptr",
+        "bias",
         "desc",
         "la",
         "lb",
@@ -229,6 +237,7 @@ class _LtPlan:
         self.desc = self.la = self.lb = self.lc = self.ld = self.pref = 0
         self.algo: Any = None
         self.algo_ptr = 0
+        self.bias = 0  # the bias pointer the descriptor holds
         self.ws = 0
         self.lock = threading.Lock()  # the bias pointer lives in the (shared) descriptor
 
@@ -279,9 +288,10 @@ class LtGemm:
         self._op_n = int(cublas.Operation.N)
         E = cublasLt.Epilogue
         self._epilogue = {name: int(getattr(E, name)) for name in EPILOGUES}
-        self._plans: OrderedDict[tuple, _LtPlan | None] = OrderedDict()
+        # call signature -> _Geo (None: not for cuBLASLt); each _Geo holds its plans by alignment
+        self._geo: dict[tuple, _Geo | None] = {}
         self._lock = threading.Lock()
-        self._scalars: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._scalars: dict[tuple, tuple] = {}  # (alpha ptr, beta ptr, arrays kept alive)
         self._bias_attr = int(cublasLt.MatmulDescAttribute.BIAS_POINTER)
         self._failed: set[str] = set()
 
@@ -302,86 +312,74 @@ class LtGemm:
         epilogue: str | None = None,
         dtype: Any = None,
     ) -> None:
-        dt = np.dtype(dtype) if dtype is not None else out.dtype
-        if bias is not None and not (epilogue or "").endswith("BIAS"):
-            epilogue = {None: "BIAS", "RELU": "RELU_BIAS", "GELU": "GELU_BIAS"}[epilogue]
-        elif bias is None and (epilogue or "").endswith("BIAS"):
+        dt = out.dtype if dtype is None else dtype
+        if not isinstance(dt, np.dtype):
+            dt = np.dtype(dt)
+        if bias is not None:
+            if not (epilogue or "").endswith("BIAS"):
+                epilogue = {None: "BIAS", "RELU": "RELU_BIAS", "GELU": "GELU_BIAS"}[epilogue]
+        elif epilogue is not None and epilogue.endswith("BIAS"):
             raise ValueError(f"GEMM epilogue {epilogue} needs a bias vector")
-        kw = dict(
-            trans_a=trans_a,
-            trans_b=trans_b,
-            alpha=alpha,
-            beta=beta,
-            c=c,
-            bias=bias,
-            epilogue=epilogue,
-            dtype=dt,
-        )
         if out.size == 0:
             return
-        K = a.shape[-2] if trans_a else a.shape[-1]
-        if K == 0 or dt not in self._cuda_type:
-            return self._fallback(a, b, out, kw)
         if c is not None and beta == 0:
             c = None
+        full = (a, b, out, trans_a, trans_b, alpha, beta, c, bias, epilogue, dt)
         if bias is not None and _ptr(bias) % 16:
             if c is not None and c is not out:
-                return self._fallback(a, b, out, kw)
+                return self._fallback(*full)
             # cuBLASLt wants an aligned bias vector: broadcast it into the output and let the
             # GEMM accumulate onto it instead (C = D, beta = 1)
             out[...] = bias
             c, beta, bias = out, 1.0, None
-            epilogue = {"BIAS": None, "RELU_BIAS": "RELU", "GELU_BIAS": "GELU"}.get(
-                epilogue or "", epilogue
-            )
-        xp = self.xp
+            epilogue = {"BIAS": None, "RELU_BIAS": "RELU", "GELU_BIAS": "GELU"}[epilogue]
         if not a.flags.c_contiguous:
-            a = xp.ascontiguousarray(a)
+            a = self.xp.ascontiguousarray(a)
         if not b.flags.c_contiguous:
-            b = xp.ascontiguousarray(b)
-        if c is not None and c is not out and (c.shape != out.shape or not c.flags.c_contiguous):
-            return self._fallback(a, b, out, kw)
+            b = self.xp.ascontiguousarray(b)
+        mode = 0 if c is None else (2 if c is out else 1)
+        if mode == 1 and (c.shape != out.shape or not c.flags.c_contiguous):
+            return self._fallback(*full)
+        gkey = (a.shape, b.shape, out.shape, trans_a, trans_b, mode, epilogue, dt)
+        geo = self._geo.get(gkey, _MISSING)
+        if geo is _MISSING:
+            geo = self._geometry(gkey)
+        if geo is None:
+            return self._fallback(*full)
         try:
-            self._run(ctx, a, b, out, trans_a, trans_b, alpha, beta, c, bias, epilogue, dt)
+            self._run(ctx, geo, a, b, out, alpha, beta, c, bias)
         except Exception as e:  # no plan, or cuBLASLt refused the call: stay correct
             self._warn(f"cuBLASLt GEMM failed ({type(e).__name__}: {e}); using CuPy matmul")
-            self._fallback(a, b, out, kw)
+            self._fallback(*full)
             return
         stats["cublaslt"] += 1
 
-    def _fallback(self, a: Any, b: Any, out: Any, kw: dict) -> None:
+    def _fallback(self, a, b, out, trans_a, trans_b, alpha, beta, c, bias, epilogue, dt) -> None:
         stats["xp"] += 1
-        xp_gemm(self.xp, a, b, out, **kw)
+        xp_gemm(self.xp, a, b, out, trans_a, trans_b, alpha, beta, c, bias, epilogue, dt)
 
     def _warn(self, msg: str) -> None:
         if msg not in self._failed:
             self._failed.add(msg)
             warnings.warn(f"onnxplug-cuda: {msg}", RuntimeWarning, stacklevel=3)
 
-    def _run(
-        self,
-        ctx: Any,
-        a: Any,
-        b: Any,
-        out: Any,
-        trans_a: bool,
-        trans_b: bool,
-        alpha: float,
-        beta: float,
-        c: Any,
-        bias: Any,
-        epilogue: str | None,
-        dt: np.dtype,
-    ) -> None:
-        M, N = out.shape[-2], out.shape[-1]
-        batch = out.shape[:-2]
-        sa = _batch_strides(a.shape, batch)
-        sb = _batch_strides(b.shape, batch)
-        sd = _batch_strides(out.shape, batch)
+    def _geometry(self, gkey: tuple) -> _Geo | None:
+        """The shape-derived part of a call, computed once per signature (None: cuBLASLt does
+        not apply, e.g. K == 0 or an unsupported dtype)."""
+        sa_shape, sb_shape, out_shape, trans_a, trans_b, mode, epilogue, dt = gkey
+        K = sa_shape[-2] if trans_a else sa_shape[-1]
+        if K == 0 or dt not in self._cuda_type:
+            self._geo[gkey] = None
+            return None
+        M, N = out_shape[-2], out_shape[-1]
+        batch = out_shape[:-2]
+        sa = _batch_strides(sa_shape, batch)
+        sb = _batch_strides(sb_shape, batch)
+        sd = _batch_strides(out_shape, batch)
         dims = [(n, x, y, z) for n, x, y, z in zip(batch, sa, sb, sd) if n != 1]
         # a's stored matrix (rows, cols): (M, K), or (K, M) when transposed
-        ra, ca = a.shape[-2], a.shape[-1]
-        rb, cb = b.shape[-2], b.shape[-1]
+        ra, ca = sa_shape[-2], sa_shape[-1]
+        rb, cb = sb_shape[-2], sb_shape[-1]
         count = 1
         stride_a = stride_b = stride_d = 0
         outer: list[tuple[int, int, int, int]] = []
@@ -411,20 +409,26 @@ class LtGemm:
                     count *= n
                 _, stride_a, stride_b, stride_d = inner[-1]
         isz = dt.itemsize
-        pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
-        mode = 0 if c is None else (2 if c is out else 1)
-        pc = pd if mode != 1 else _ptr(c)
-        al = [_align(p) for p in (pb, pa, pc, pd)]  # in cuBLASLt's operand order: B, A, C, D
-        for _n, x, y, z in outer:
-            for k, s in enumerate((y, x, z, z)):
-                if s:
-                    al[k] = min(al[k], _align(s * isz))
+        geo = _Geo()
+        # the alignment the batch strides allow, in cuBLASLt's operand order: B, A, C, D
+        sal = [256, 256, 256, 256]
+        steps = [(y, x, z, z) for _n, x, y, z in outer]
         if count > 1:
-            for k, s in enumerate((stride_b, stride_a, stride_d, stride_d)):
-                if s:
-                    al[k] = min(al[k], _align(s * isz))
-        key = (
-            self.ordinal,
+            steps.append((stride_b, stride_a, stride_d, stride_d))
+        for step in steps:
+            for k, st in enumerate(step):
+                if st:
+                    sal[k] = min(sal[k], _align(st * isz))
+        geo.sal = tuple(sal)
+        offsets = [(0, 0, 0)]
+        for n, x, y, z in outer:
+            offsets = [
+                (o[0] + i * x * isz, o[1] + i * y * isz, o[2] + i * z * isz)
+                for o in offsets
+                for i in range(n)
+            ]
+        geo.offsets = tuple(offsets)
+        geo.key = (
             dt,
             N,
             M_eff,
@@ -441,84 +445,106 @@ class LtGemm:
             stride_d,
             epilogue,
             mode,
-            tuple(al),
         )
-        plan = self._plans.get(key, _MISSING)
-        if plan is _MISSING:
-            plan = self._plan(ctx, key, _ptr(bias) if bias is not None else 0)
+        scale = np.float64 if dt == _F64 else np.float32
+        geo.scale = scale
+        geo.plans = {}
+        with self._lock:
+            if len(self._geo) > _MAX_PLANS:
+                self._geo.clear()
+            self._geo[gkey] = geo
+        return geo
+
+    def _run(
+        self,
+        ctx: Any,
+        geo: _Geo,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float,
+        beta: float,
+        c: Any,
+        bias: Any,
+    ) -> None:
+        pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
+        pc = pd if c is None or c is out else _ptr(c)
+        s0, s1, s2, s3 = geo.sal
+        # the pointers' alignment (capped by the strides'): the lowest set bit of (ptr | cap)
+        al = (
+            (pb | s0) & -(pb | s0),
+            (pa | s1) & -(pa | s1),
+            (pc | s2) & -(pc | s2),
+            (pd | s3) & -(pd | s3),
+        )
+        plan = geo.plans.get(al)
         if plan is None:
+            plan = self._plan(ctx, geo, al, _ptr(bias) if bias is not None else 0)
+        if plan is False:
             raise RuntimeError("cuBLASLt has no algorithm for this GEMM (cached)")
         L = self.L
-        scale = np.float64 if dt == _F64 else np.float32
-        sk = (scale, alpha, beta if mode else 0.0)
+        sk = (geo.scale, alpha, beta if c is not None else 0.0)
         sc = self._scalars.get(sk)
         if sc is None:
-            sc = self._scalars[sk] = (np.array([alpha], scale), np.array([sk[2]], scale))
-        alpha_ptr, beta_ptr = sc[0].ctypes.data, sc[1].ctypes.data
+            arrs = (np.array([alpha], geo.scale), np.array([sk[2]], geo.scale))
+            sc = self._scalars[sk] = (arrs[0].ctypes.data, arrs[1].ctypes.data, arrs)
         ws = ctx.scratch(plan.ws) if plan.ws else None
         ws_ptr = int(ws.ptr) if ws is not None else 0
-        handle = ctx.stream.cublaslt
-        stream = ctx.stream.handle
-        if bias is not None:
-            bias_buf = ctypes.c_int64(_ptr(bias))
-        offsets = [(0, 0, 0)]
-        for n, x, y, z in outer:
-            offsets = [
-                (o[0] + i * x, o[1] + i * y, o[2] + i * z) for o in offsets for i in range(n)
-            ]
-        for oa, ob, od in offsets:
-            pd_i = pd + od * isz
-            pc_i = pd_i if mode != 1 else pc + od * isz
+        stream = ctx.stream
+        handle, sh = stream.cublaslt, stream.handle
+        bias_ptr = _ptr(bias) if bias is not None else 0
+        c_is_d = c is None or c is out
+        for oa, ob, od in geo.offsets:
             args = (
                 handle,
                 plan.desc,
-                alpha_ptr,
-                pb + ob * isz,
+                sc[0],
+                pb + ob,
                 plan.la,
-                pa + oa * isz,
+                pa + oa,
                 plan.lb,
-                beta_ptr,
-                pc_i,
+                sc[1],
+                pd + od if c_is_d else pc + od,
                 plan.lc,
-                pd_i,
+                pd + od,
                 plan.ld,
                 plan.algo_ptr,
                 ws_ptr,
                 plan.ws,
-                stream,
+                sh,
             )
             if bias is None:
                 L.matmul(*args)
             else:
-                with plan.lock:
-                    L.matmul_desc_set_attribute(
-                        plan.desc, self._bias_attr, ctypes.addressof(bias_buf), 8
-                    )
+                with plan.lock:  # plans are shared by same-shaped nodes with other biases
+                    if plan.bias != bias_ptr:
+                        buf = ctypes.c_int64(bias_ptr)
+                        L.matmul_desc_set_attribute(
+                            plan.desc, self._bias_attr, ctypes.addressof(buf), 8
+                        )
+                        plan.bias = bias_ptr
                     L.matmul(*args)
         del ws  # released after the calls were enqueued: its free is ordered on the stream
 
-    def _plan(self, ctx: Any, key: tuple, bias_ptr: int) -> _LtPlan | None:
+    def _plan(self, ctx: Any, geo: _Geo, al: tuple, bias_ptr: int) -> _LtPlan | bool:
         with self._lock:
-            plan = self._plans.get(key, _MISSING)
-            if plan is not _MISSING:
+            plan = geo.plans.get(al)
+            if plan is not None:
                 return plan
         try:
-            plan = self._build(ctx, key, bias_ptr)
+            plan = self._build(ctx, (*geo.key, *al), bias_ptr)
         except Exception:
-            plan = None  # remembered: later calls go straight to the fallback
+            plan = False  # remembered: later calls go straight to the fallback
             raise
         finally:
             with self._lock:
-                self._plans[key] = plan
-                while len(self._plans) > _MAX_PLANS:
-                    self._plans.popitem(last=False)
+                geo.plans[al] = plan
         return plan
 
     def _build(self, ctx: Any, key: tuple, bias_ptr: int) -> _LtPlan:
         L = self.L
-        (_, dt, m, n, k, trans_a, trans_b, ra, ca, rb, cb, count, s_a, s_b, s_d, epi, mode, al) = (
-            key
-        )
+        (dt, m, n, k, trans_a, trans_b, ra, ca, rb, cb, count, s_a, s_b, s_d, epi, mode) = key[:16]
+        al = key[16:]  # pointer alignments of cuBLASLt's B, A, C, D
         cdt = self._cuda_type[dt]
         scale_type = _CUDA_R_64F if dt == _F64 else _CUDA_R_32F
         plan = _LtPlan(L)
@@ -537,6 +563,7 @@ class LtGemm:
             _set_attr(set_desc, desc_type, plan.desc, D.EPILOGUE, self._epilogue[epi])
             if bias_ptr:
                 _set_attr(set_desc, desc_type, plan.desc, D.BIAS_POINTER, bias_ptr)
+                plan.bias = bias_ptr
 
         def layout(rows: int, cols: int, ld: int, stride: int) -> int:
             lay = L.matrix_layout_create(cdt, rows, cols, ld)

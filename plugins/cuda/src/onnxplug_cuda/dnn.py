@@ -4,9 +4,10 @@ options (algorithm search, TF32, workspace limit, 1-D layout).
 ``engine_for(ep)`` gives a ``CudnnConv`` on the GPU, or None (host simulation, ``enable_cudnn=0``,
 or no importable ``cudnn``). ``CudnnConv.run(ctx, spec, x, w, b, y)`` computes a forward convolution
 (``spec.kind == "fprop"``) or a ConvTranspose, which is cuDNN's data gradient ("dgrad"). Bias and
-ReLU can be fused into the graph. It returns False when cuDNN cannot do the case (no engine
-supports it, a pointer is misaligned, negative pads); the kernel then uses its own im2col + GEMM
-path, so results are never wrong.
+ReLU are fused into the graph when an engine supports that; otherwise the plain convolution graph
+runs and the kernel adds them. When cuDNN cannot do the case at all (no engine supports it, a
+pointer is misaligned, negative pads) the kernel uses its own im2col + GEMM path, so results are
+never wrong.
 
 Graphs are built once per ``ConvSpec`` (shapes, geometry, dtype, fusion, options, device). A
 graph that failed to build is remembered as unsupported. Tensors get fixed uids, and calls
@@ -35,6 +36,7 @@ include/cudnn_frontend/plans.h).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 from collections import OrderedDict
@@ -52,6 +54,8 @@ LIMITED_WORKSPACE = 32 << 20
 _MAX_GRAPHS = 512
 _UID_X, _UID_W, _UID_B, _UID_Y = 1, 2, 3, 4
 _EXHAUSTIVE, _HEURISTIC, _DEFAULT = 0, 1, 2
+# what CudnnConv.run did
+NOT_RUN, CONV_ONLY, FUSED = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -123,20 +127,33 @@ class CudnnConv:
             warnings.warn(f"onnxplug-cuda: {msg}", RuntimeWarning, stacklevel=3)
 
     # per call ---------------------------------------------------------------------------------
-    def run(self, ctx: Any, spec: ConvSpec, x: Any, w: Any, b: Any, y: Any) -> bool:
-        """Run the convolution on cuDNN; False when cuDNN cannot (the caller falls back)."""
+    def run(self, ctx: Any, spec: ConvSpec, x: Any, w: Any, b: Any, y: Any) -> int:
+        """Run the convolution on cuDNN. Returns FUSED when the graph also did the spec's bias
+        and ReLU, CONV_ONLY when only the convolution ran (the fused graph is unsupported; the
+        caller adds bias and ReLU), NOT_RUN when cuDNN cannot (the caller falls back)."""
         ptrs = {_UID_X: int(x.data.ptr), _UID_W: int(w.data.ptr), _UID_Y: int(y.data.ptr)}
-        if spec.bias:
-            ptrs[_UID_B] = int(b.data.ptr)
         if any(p % 16 for p in ptrs.values()):
-            return False  # engines assume 16-byte aligned tensors
+            return NOT_RUN  # engines assume 16-byte aligned tensors
+        if spec.bias or spec.relu:
+            if spec.bias:
+                ptrs[_UID_B] = int(b.data.ptr)
+            if ptrs.get(_UID_B, 0) % 16 == 0 and self._execute(ctx, spec, ptrs):
+                return FUSED
+            ptrs.pop(_UID_B, None)
+            spec = dataclasses.replace(spec, bias=False, relu=False)
+        return CONV_ONLY if self._execute(ctx, spec, ptrs) else NOT_RUN
+
+    def _execute(self, ctx: Any, spec: ConvSpec, ptrs: dict[int, int]) -> bool:
         key = (self.ordinal, spec)
         g = self._graphs.get(key, _MISSING)
         if g is _MISSING:
             g = self._get(ctx, key, ptrs)
         if g is None:
             return False
-        ws = ctx.scratch(g.ws) if g.ws else None
+        try:
+            ws = ctx.scratch(g.ws) if g.ws else None
+        except Exception:  # no memory for this plan's workspace now: this call falls back
+            return False
         ws_ptr = int(ws.ptr) if ws is not None else 0
         handle = ctx.stream.cudnn
         try:
@@ -274,9 +291,18 @@ class CudnnConv:
                 sizes[i] = int(g.get_workspace_size_plan_at_index(i))
             except Exception:
                 continue
-        if not sizes:
-            return None
-        ws = ctx.scratch(max(sizes.values())) if max(sizes.values()) else None
+        ws = None
+        for cap in (None, 256 << 20, LIMITED_WORKSPACE, 0):
+            if cap is not None:
+                sizes = {i: n for i, n in sizes.items() if n <= cap}
+            if not sizes:
+                return None
+            try:
+                need = max(sizes.values())
+                ws = ctx.scratch(need) if need else None
+                break
+            except Exception:  # out of memory: time only the plans with smaller workspaces
+                continue
         ws_ptr = int(ws.ptr) if ws is not None else 0
         handle = ctx.stream.cudnn
         stream = ctx.stream.cupy_stream

@@ -16,6 +16,7 @@ also registered. Relu is fused into the cuDNN graph. Other activations are appli
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any
@@ -149,22 +150,20 @@ class _ConvBase(CudaKernel):
         relu_fused = self.activation == "Relu" and z is None
         spec = geo.spec
         if spec is not None and ((b is not None) != spec.bias or relu_fused != spec.relu):
-            spec = _respec(spec, b is not None, relu_fused)
+            spec = dataclasses.replace(spec, bias=b is not None, relu=relu_fused)
             geo.spec = spec
-        if (
-            self.dnn is not None
-            and spec is not None
-            and x.size
-            and w.size
-            and self.dnn.run(ctx, spec, x, w, b, y)
-        ):
-            self.last_path = "cudnn"
-            act_done = relu_fused
-        else:
+        done = dnn.NOT_RUN
+        if self.dnn is not None and spec is not None and x.size and w.size:
+            done = self.dnn.run(ctx, spec, x, w, b, y)
+        if done == dnn.NOT_RUN:
             dnn.stats["fallback"] += 1
             self.last_path = "fallback"
             self.fallback(ctx, x, w, b, y, geo)
-            act_done = False
+        else:
+            self.last_path = "cudnn"
+            if done == dnn.CONV_ONLY and b is not None:
+                y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
+        act_done = relu_fused and done == dnn.FUSED
         if z is not None:
             y += z
         if self.activation is not None and not act_done:
@@ -172,22 +171,6 @@ class _ConvBase(CudaKernel):
 
     def fallback(self, ctx: Any, x: Any, w: Any, b: Any, y: Any, geo: _Geometry) -> None:
         raise NotImplementedError
-
-
-def _respec(spec: dnn.ConvSpec, bias: bool, relu: bool) -> dnn.ConvSpec:
-    return dnn.ConvSpec(
-        spec.kind,
-        spec.dtype,
-        spec.x,
-        spec.w,
-        spec.y,
-        spec.pads_begin,
-        spec.pads_end,
-        spec.strides,
-        spec.dilations,
-        bias,
-        relu,
-    )
 
 
 class Conv(_ConvBase):
