@@ -155,8 +155,8 @@ class CudnnConv:
         except Exception:  # no memory for this plan's workspace now: this call falls back
             return False
         ws_ptr = int(ws.ptr) if ws is not None else 0
-        handle = ctx.stream.cudnn
         try:
+            handle = ctx.stream.cudnn
             if g.ordered:
                 g.graph._execute_with_ptrs([ptrs[u] for u in g.order], ws_ptr, handle)
             elif g.best is not None:
