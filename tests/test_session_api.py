@@ -626,3 +626,23 @@ def test_module_namespace_covers_onnxruntime_essentials():
         assert {m.name: int(m) for m in ours} == {
             n: int(v) for n, v in theirs.__members__.items()
         }, enum
+
+
+def test_outputs_that_are_inputs_or_initializers():
+    w = np.array([1, 2], np.float32)
+    m = _model(
+        [],
+        [_tv("X", [2])],
+        [_tv("X", [2]), _tv("W", [2])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    ours, theirs = _both(m)
+    x = np.array([5, 6], np.float32)
+    for s in (ours, theirs):
+        xo, wo = s.run(None, {"X": x})
+        np.testing.assert_array_equal(xo, x)
+        np.testing.assert_array_equal(wo, w)
+    # the caller may modify what it gets without changing the session's initializer
+    _, wo = ours.run(None, {"X": x})
+    wo[:] = 0
+    np.testing.assert_array_equal(ours.run(None, {"X": x})[1], w)

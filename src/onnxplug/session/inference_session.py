@@ -410,7 +410,7 @@ class InferenceSession:
         idx = self._output_indices(output_names)
         feeds = self._prepare_feeds(input_feed)
         outs = self._run_values(feeds, run_options)
-        return [to_numpy(outs[i]) for i in idx]
+        return [_writable(to_numpy(outs[i])) for i in idx]
 
     def run_with_ort_values(
         self,
@@ -479,6 +479,14 @@ class InferenceSession:
 
 
 _LOGGER = logging.getLogger("onnxplug")
+
+
+def _writable(value: Any) -> Any:
+    """An output the caller may modify: constants the runtime keeps (an initializer that is a
+    graph output) are read-only and are copied, as onnxruntime returns fresh arrays."""
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        return value.copy()
+    return value
 
 
 def _log_level(severity: Any) -> int:
