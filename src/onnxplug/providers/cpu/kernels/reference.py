@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 import numpy as np
+import onnx
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry
 
@@ -98,7 +99,9 @@ def register_reference_kernels(registry: KernelRegistry) -> None:
         except Exception:  # an onnx without that domain's reference ops
             continue
         for op_type, versions in ops.items():
-            if (domain, op_type) in _SKIP:
+            # the module also exports helper base classes (OpRun, OpFunction, ...): only ops
+            # with an ONNX schema are kernels
+            if (domain, op_type) in _SKIP or not onnx.defs.has(op_type, domain):
                 continue
             for since, until, cls in _ranges(versions):
                 kernel_cls = type(f"Ref{op_type}_{since}", (ReferenceKernel,), {"op_class": cls})
