@@ -13,11 +13,7 @@ import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
 
-
-def wide(x: np.ndarray) -> np.ndarray:
-    """``x`` in a dtype that is at least float32 (float16/bfloat16 are widened)."""
-    return x.astype(np.float32) if x.dtype.itemsize < 4 and x.dtype.kind != "i" else x
-
+from ._util import quiet, wide
 
 # float32 erf as in XLA/Eigen: x * P(x^2) / Q(x^2) on [-4, 4] (erf is +-1 in float32 beyond),
 # max relative error ~4e-7. numpy has no erf; float64 goes through math.erf.
@@ -66,7 +62,8 @@ class Activation(Kernel):
 
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
-        ctx.set_output(0, self.f(wide(x)).astype(x.dtype, copy=False))
+        with quiet():
+            ctx.set_output(0, self.f(wide(x)).astype(x.dtype, copy=False))
 
 
 class Relu(Kernel):

@@ -16,7 +16,7 @@ import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
 
-from .activation import wide
+from ._util import wide
 
 
 def pad_spatial(x: np.ndarray, pads: list[int], value: float = 0) -> np.ndarray:

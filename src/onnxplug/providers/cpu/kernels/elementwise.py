@@ -17,6 +17,8 @@ import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, np_dtype
 
+from ._util import quiet
+
 
 class Unary(Kernel):
     """``y = fn(x)`` for a numpy ufunc that keeps the dtype."""
@@ -24,7 +26,8 @@ class Unary(Kernel):
     fn: np.ufunc = np.positive
 
     def compute(self, ctx: KernelContext) -> None:
-        ctx.set_output(0, self.fn(ctx.input(0)))
+        with quiet():
+            ctx.set_output(0, self.fn(ctx.input(0)))
 
 
 class Binary(Kernel):
@@ -33,14 +36,16 @@ class Binary(Kernel):
     fn: np.ufunc = np.add
 
     def compute(self, ctx: KernelContext) -> None:
-        ctx.set_output(0, self.fn(ctx.input(0), ctx.input(1)))
+        with quiet():
+            ctx.set_output(0, self.fn(ctx.input(0), ctx.input(1)))
 
 
 class Div(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         a, b = ctx.input(0), ctx.input(1)
         if a.dtype.kind not in "iu":
-            ctx.set_output(0, np.divide(a, b))
+            with quiet():
+                ctx.set_output(0, np.divide(a, b))
             return
         # ONNX integer division truncates toward zero (C semantics); numpy floors.
         q = np.floor_divide(a, b)
@@ -52,11 +57,12 @@ class Div(Kernel):
 class Pow(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         a, b = ctx.input(0), ctx.input(1)
-        if a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16:
-            # an integer or wider exponent must not widen the result: compute in a's type
-            ctx.set_output(0, np.power(a, b.astype(a.dtype, copy=False)))
-        else:
-            ctx.set_output(0, np.power(a, b).astype(a.dtype, copy=False))
+        with quiet():
+            if a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16:
+                # an integer or wider exponent must not widen the result: compute in a's type
+                ctx.set_output(0, np.power(a, b.astype(a.dtype, copy=False)))
+            else:
+                ctx.set_output(0, np.power(a, b).astype(a.dtype, copy=False))
 
 
 class Mod(Kernel):
@@ -65,7 +71,8 @@ class Mod(Kernel):
         self.fn = np.fmod if info.attr("fmod", 0) else np.mod
 
     def compute(self, ctx: KernelContext) -> None:
-        ctx.set_output(0, self.fn(ctx.input(0), ctx.input(1)))
+        with quiet():
+            ctx.set_output(0, self.fn(ctx.input(0), ctx.input(1)))
 
 
 class Variadic(Kernel):
@@ -143,7 +150,7 @@ class Cast(Kernel):
         if x.dtype == self.to:
             ctx.set_output(0, x)
         else:
-            with np.errstate(invalid="ignore", over="ignore"):
+            with quiet():
                 ctx.set_output(0, x.astype(self.to))
 
 

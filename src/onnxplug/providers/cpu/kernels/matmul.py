@@ -10,7 +10,7 @@ import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
 
-from .activation import wide
+from ._util import wide
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

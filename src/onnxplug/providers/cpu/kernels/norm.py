@@ -11,7 +11,7 @@ import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
 
-from .activation import wide
+from ._util import wide
 
 
 def per_channel(v: np.ndarray, ndim: int) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
 
-from .activation import wide
+from ._util import wide
 from .conv import pad_spatial, tap_slices
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
 
-from .activation import wide
+from ._util import quiet, wide
 
 
 def _lowest(dtype: np.dtype):
@@ -97,7 +97,7 @@ class Reduce(Kernel):
         if axes is None:
             ctx.set_output(0, x)
             return
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with quiet():
             y = self.fn(x, axes, self.keepdims)
         ctx.set_output(0, np.asarray(y).astype(x.dtype, copy=False))
 

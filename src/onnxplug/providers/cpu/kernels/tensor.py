@@ -14,21 +14,12 @@ import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
 
-
-def ints(v: Any) -> list[int]:
-    """An int64 tensor input (or an attribute list) as Python ints."""
-    return [int(x) for x in np.asarray(v).reshape(-1)]
+from ._util import frozen, ints
 
 
 def optional_ints(ctx: KernelContext, index: int) -> list[int] | None:
     v = ctx.input(index)
     return None if v is None else ints(v)
-
-
-def frozen(a: np.ndarray) -> np.ndarray:
-    """``a`` made read-only: a value a kernel hands out on every run must not be modified."""
-    a.flags.writeable = False
-    return a
 
 
 class Identity(Kernel):
