@@ -128,7 +128,7 @@ def test_copies_at_the_cpu_cuda_boundary():
 
 
 def test_ortvalue_on_cuda_and_iobinding():
-    s = ox.InferenceSession(MLP, providers=[CUDA, "CPUExecutionProvider"])
+    s = ox.InferenceSession(MLP, providers=[(CUDA, {"use_tf32": "0"}), "CPUExecutionProvider"])
     f = _feeds(n=3)
     io = s.io_binding()
     for k, v in f.items():
