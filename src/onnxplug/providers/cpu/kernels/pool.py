@@ -47,6 +47,19 @@ class Pool(Kernel):
             ext[n + i] = max(pads[n + i], need - x.shape[2 + i] - pads[i])
         return out, pads, ext
 
+    def reduce(self, xp: np.ndarray, fn: np.ufunc, out: list[int]) -> np.ndarray:
+        """``fn`` (maximum, add) over every window of the padded input, one spatial dim at a
+        time: sum(k - 1) passes over shrinking arrays instead of prod(k) - 1 full ones."""
+        y = xp
+        for i, (k, s, d, o) in enumerate(zip(self.kernel, self.strides, self.dilations, out)):
+            lead = (slice(None),) * (2 + i)
+            taps = [y[(*lead, slice(t * d, t * d + (o - 1) * s + 1, s))] for t in range(k)]
+            acc = taps[0].copy()  # never written into the input
+            for v in taps[1:]:
+                fn(acc, v, out=acc)
+            y = acc
+        return y
+
 
 class MaxPool(Pool):
     def __init__(self, info: KernelInfo):
@@ -58,21 +71,20 @@ class MaxPool(Pool):
         out, pads, ext = self.geometry(x)
         low = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
         xp = pad_spatial(x, ext, low)
+        if not ctx.has_output(1):
+            ctx.set_output(0, self.reduce(xp, np.maximum, out))
+            return
+        # with Indices: tap by tap, remembering which tap held the (first) maximum
         taps = list(tap_slices(self.kernel, self.strides, self.dilations, out))
         lead = (slice(None), slice(None))
         y = xp[lead + taps[0]].copy()
-        want_idx = ctx.has_output(1)
-        if want_idx:
-            best = np.zeros(y.shape, dtype=np.int64)  # tap index of the max
+        best = np.zeros(y.shape, dtype=np.int64)
         for t, sl in enumerate(taps[1:], 1):
             v = xp[lead + sl]
-            if want_idx:
-                better = v > y
-                best[better] = t
+            best[v > y] = t
             np.maximum(y, v, out=y)
         ctx.set_output(0, y)
-        if want_idx:
-            ctx.set_output(1, self.indices(x.shape, out, pads, best))
+        ctx.set_output(1, self.indices(x.shape, out, pads, best))
 
     def indices(self, shape, out, pads, best) -> np.ndarray:
         """Flat input index of each output's max (row-major, or column-major over the spatial
@@ -117,12 +129,7 @@ class AveragePool(Pool):
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
         out, pads, ext = self.geometry(x)
-        xp = pad_spatial(wide(x), ext, 0)
-        lead = (slice(None), slice(None))
-        taps = list(tap_slices(self.kernel, self.strides, self.dilations, out))
-        y = xp[lead + taps[0]].copy()
-        for sl in taps[1:]:
-            y += xp[lead + sl]
+        y = self.reduce(pad_spatial(wide(x), ext, 0), np.add, out)
         y /= self.counts(x.shape, out, pads).astype(y.dtype)
         ctx.set_output(0, y.astype(x.dtype, copy=False))
 
