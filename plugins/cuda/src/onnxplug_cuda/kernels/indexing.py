@@ -107,7 +107,7 @@ const ptrdiff_t* st = DATA.strides();
 ptrdiff_t v = static_cast<ptrdiff_t>(idx);
 if (v < 0) v += dim;
 ptrdiff_t off = 0;
-for (int d = 0; d < _ind.ndim; ++d) off += (d == axis ? v : pos[d]) * st[d];
+for (int d = 0; d < decltype(_ind)::ndim; ++d) off += (d == axis ? v : pos[d]) * st[d];
 """
 
 _UPDATE = {
@@ -245,7 +245,12 @@ class GatherElements(CudaKernel):
             return
         x, idx = self.arg(ctx, 0), self.arg(ctx, 1)
         if self.xp is np:
-            y[...] = np.take_along_axis(x, idx, axis)
+            # index dims smaller than the data's (outside the axis) read a corner of the data
+            # (take_along_axis would broadcast them instead)
+            corner = tuple(
+                slice(None) if d == axis else slice(0, n) for d, n in enumerate(it.shape)
+            )
+            y[...] = np.take_along_axis(x[corner], idx, axis)
             return
         _gather_elements_kernel()(idx, x, axis, t.shape[axis], y)
 
