@@ -136,6 +136,24 @@ def test_variadic_and_where_broadcasting(bs):
     check("Where", {"c": rand(bs.input_shapes[0], np.bool_), "x": b, "y": c})
 
 
+@pytest.mark.parametrize(
+    "op,inputs",
+    [
+        ("Add", {"a": np.array(1.0, np.float32), "b": np.array(2.0, np.float32)}),
+        ("Div", {"a": np.array(7, np.int32), "b": np.array(2, np.int32)}),
+        ("Sigmoid", {"a": np.array(1.0, np.float32)}),
+        ("Relu", {"a": np.array(-1.0, np.float32)}),
+        ("MatMul", {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)}),
+        ("Gather", {"a": np.arange(3, dtype=np.int64), "i": np.array(1, np.int64)}),
+        ("Sum", {"a": np.array(1.0, np.float32), "b": np.array(2.0, np.float32)}),
+    ],
+)
+def test_scalar_results_are_arrays(op, inputs):
+    # numpy ufuncs return scalars for 0-d operands; onnxruntime returns 0-d arrays
+    (y,) = run(op, inputs)
+    assert isinstance(y, np.ndarray) and y.shape == ()
+
+
 def test_broadcast_shapes_rejects_mismatch():
     with pytest.raises(ValueError, match="cannot be broadcast"):
         shapes.broadcast_shapes((2, 3), (4, 3))

@@ -63,13 +63,13 @@ class Activation(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
         with quiet():
-            ctx.set_output(0, self.f(wide(x)).astype(x.dtype, copy=False))
+            ctx.set_output(0, np.asarray(self.f(wide(x))).astype(x.dtype, copy=False))
 
 
 class Relu(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
-        ctx.set_output(0, np.maximum(x, x.dtype.type(0)))
+        ctx.set_output(0, np.asarray(np.maximum(x, x.dtype.type(0))))
 
 
 class LeakyRelu(Activation):

@@ -27,7 +27,7 @@ class Unary(Kernel):
 
     def compute(self, ctx: KernelContext) -> None:
         with quiet():
-            ctx.set_output(0, self.fn(ctx.input(0)))
+            ctx.set_output(0, np.asarray(self.fn(ctx.input(0))))
 
 
 class Binary(Kernel):
@@ -37,7 +37,7 @@ class Binary(Kernel):
 
     def compute(self, ctx: KernelContext) -> None:
         with quiet():
-            ctx.set_output(0, self.fn(ctx.input(0), ctx.input(1)))
+            ctx.set_output(0, np.asarray(self.fn(ctx.input(0), ctx.input(1))))
 
 
 class Div(Kernel):
@@ -45,13 +45,13 @@ class Div(Kernel):
         a, b = ctx.input(0), ctx.input(1)
         if a.dtype.kind not in "iu":
             with quiet():
-                ctx.set_output(0, np.divide(a, b))
+                ctx.set_output(0, np.asarray(np.divide(a, b)))
             return
         # ONNX integer division truncates toward zero (C semantics); numpy floors.
         q = np.floor_divide(a, b)
         if a.dtype.kind == "i":
             q += (np.remainder(a, b) != 0) & ((a < 0) ^ (b < 0))
-        ctx.set_output(0, q)
+        ctx.set_output(0, np.asarray(q))
 
 
 class Pow(Kernel):
@@ -60,9 +60,9 @@ class Pow(Kernel):
         with quiet():
             if a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16:
                 # an integer or wider exponent must not widen the result: compute in a's type
-                ctx.set_output(0, np.power(a, b.astype(a.dtype, copy=False)))
+                ctx.set_output(0, np.asarray(np.power(a, b.astype(a.dtype, copy=False))))
             else:
-                ctx.set_output(0, np.power(a, b).astype(a.dtype, copy=False))
+                ctx.set_output(0, np.asarray(np.power(a, b)).astype(a.dtype, copy=False))
 
 
 class Mod(Kernel):
@@ -72,7 +72,7 @@ class Mod(Kernel):
 
     def compute(self, ctx: KernelContext) -> None:
         with quiet():
-            ctx.set_output(0, self.fn(ctx.input(0), ctx.input(1)))
+            ctx.set_output(0, np.asarray(self.fn(ctx.input(0), ctx.input(1))))
 
 
 class Variadic(Kernel):
@@ -81,14 +81,14 @@ class Variadic(Kernel):
     fn: np.ufunc = np.add
 
     def compute(self, ctx: KernelContext) -> None:
-        ctx.set_output(0, functools.reduce(self.fn, ctx.inputs))
+        ctx.set_output(0, np.asarray(functools.reduce(self.fn, ctx.inputs)))
 
 
 class Mean(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         xs = ctx.inputs
         s = functools.reduce(np.add, xs)
-        ctx.set_output(0, np.divide(s, s.dtype.type(len(xs))))
+        ctx.set_output(0, np.asarray(np.divide(s, s.dtype.type(len(xs)))))
 
 
 class Where(Kernel):
@@ -107,7 +107,7 @@ class Clip6(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
         lo, hi = x.dtype.type(self.lo), x.dtype.type(self.hi)
-        ctx.set_output(0, np.minimum(np.maximum(x, lo), hi))
+        ctx.set_output(0, np.asarray(np.minimum(np.maximum(x, lo), hi)))
 
 
 class Clip(Kernel):
@@ -117,7 +117,7 @@ class Clip(Kernel):
         x, lo, hi = ctx.input(0), ctx.input(1), ctx.input(2)
         y = x if lo is None else np.maximum(x, lo.astype(x.dtype, copy=False))
         y = y if hi is None else np.minimum(y, hi.astype(x.dtype, copy=False))
-        ctx.set_output(0, y)
+        ctx.set_output(0, np.asarray(y))
 
 
 # Cast: numpy's astype implements ONNX's rules between these types (C truncation toward zero

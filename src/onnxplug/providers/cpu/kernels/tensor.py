@@ -172,7 +172,9 @@ class Gather(Kernel):
 
     def compute(self, ctx: KernelContext) -> None:
         x, idx = ctx.input(0), ctx.input(1)
-        ctx.set_output(0, np.take(x, idx, axis=shapes.normalize_axis(self.axis, x.ndim)))
+        ctx.set_output(
+            0, np.asarray(np.take(x, idx, axis=shapes.normalize_axis(self.axis, x.ndim)))
+        )
 
 
 class Shape(Kernel):
