@@ -29,14 +29,19 @@ from typing import Any
 
 import numpy as np
 
-U16 = np.dtype(np.uint16)
 F32 = np.dtype(np.float32)
-F64 = np.dtype(np.float64)
+try:
+    import ml_dtypes
+
+    BF16: Any = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # no bfloat16 anywhere then
+    BF16 = None
 
 
 def widen(x: np.ndarray) -> np.ndarray:
     """A numpy array in its compute dtype: float16/bfloat16 as float32, others unchanged."""
-    return x.astype(np.float32) if x.dtype.kind == "f" and x.dtype.itemsize < 4 else x
+    dt = x.dtype  # ml_dtypes' bfloat16 is not of kind "f"
+    return x.astype(np.float32) if dt.itemsize < 4 and (dt.kind == "f" or dt == BF16) else x
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,19 +104,30 @@ class LayerNormalization(TypedKernel):
 
 class GroupNormalization(TypedKernel):
     """GroupNormalization-21: groups of C/G channels normalized together, then scale and bias
-    per channel. GroupNormalization-18 (``per_group``): scale and bias per group."""
+    per channel.
 
-    per_group = False
+    ``stash_type`` float32 (the default) makes the first stage (the normalization) float32:
+    float16/bfloat16/float32 compute in float32 anyway; float64 is normalized in float32 and
+    scaled in float64, as the op's function body does.
+    """
+
+    stashed = True  # has a stash_type attribute
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.eps = float(info.attr("epsilon", 1e-5))
         self.groups = int(info.attr("num_groups", 0))
+        self.stash_f32 = (
+            self.stashed
+            and self.in_dtype == np.float64
+            and int(info.attr("stash_type", 1)) == 1  # TensorProto.FLOAT
+        )
 
     def num_groups(self, channels: int) -> int:
         return self.groups
 
     def compute(self, ctx: KernelContext) -> None:
+        xp = self.xp
         x, scale, bias = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
         y = self.like(ctx, x)
         if x.ndim < 2:
@@ -129,24 +140,28 @@ class GroupNormalization(TypedKernel):
         rows, cols = x.shape[0] * G, (C // G) * spatial
         if rows == 0 or cols == 0:
             return
-        # channel of (row, col) = (row % G) * cpg + col // inner
-        cpg, inner = (1, cols) if self.per_group else (C // G, spatial)
+        if self.stash_f32:
+            t = xp.empty(x.shape, F32)
+            F.rownorm(xp, x.astype(F32), t, rows, cols, self.eps, "f32")
+            per_channel = (1, C) + (1,) * (x.ndim - 2)
+            xp.multiply(t, scale.reshape(per_channel), out=y)
+            xp.add(y, bias.reshape(per_channel), out=y)
+            return
+        # channel of (row, col) = (row % G) * (C // G) + col // spatial
         F.rownorm(
-            self.xp, x, y, rows, cols, self.eps, F.storage_key(self.dtype_of(x)), scale, bias,
-            mode=2, groups=G, cpg=cpg, inner=inner,
+            xp, x, y, rows, cols, self.eps, F.storage_key(self.dtype_of(x)), scale, bias,
+            mode=2, groups=G, cpg=C // G, inner=spatial,
         )  # fmt: skip
 
 
 class InstanceNormalization(GroupNormalization):
     """InstanceNormalization: each (n, c) plane normalized, then scale[c] and bias[c]: a group
-    normalization with one channel per group."""
+    normalization with one channel per group (in float64 for float64)."""
+
+    stashed = False
 
     def num_groups(self, channels: int) -> int:
         return channels
-
-
-class GroupNormalization18(GroupNormalization):
-    per_group = True
 
 
 class WideKernel(TypedKernel):
@@ -255,9 +270,6 @@ def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
         LayerNormalization
     )
     reg.kernel("InstanceNormalization", since=6, types={"T": FLOATS_B})(InstanceNormalization)
-    reg.kernel("GroupNormalization", since=18, until=20, types={"T": FLOATS_B})(
-        GroupNormalization18
-    )
     reg.kernel("GroupNormalization", since=21, types={"T": FLOATS_B})(GroupNormalization)
     reg.kernel("LpNormalization", since=1, types={"T": FLOATS_B})(LpNormalization)
     reg.kernel("MeanVarianceNormalization", since=9, types={"T": FLOATS_B})(
