@@ -404,6 +404,23 @@ def test_conv_groups_depthwise_bias(channels, group, stride):
     np.testing.assert_allclose(y, want + b.reshape(-1, 1, 1), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "spatial,kernel,dil,pads",
+    [
+        ((9,), (3,), (2,), (1, 2)),
+        ((7, 6), (3, 2), (1, 2), (1, 0, 2, 1)),
+        ((4, 5, 3), (2, 3, 1), (1, 1, 2), (0, 1, 0, 1, 0, 1)),
+    ],
+)
+def test_conv_few_output_channels(spatial, kernel, dil, pads):
+    # stride 1 and M <= C/2: the shifted-GEMM path (no im2col)
+    x, w = rand((2, 8, *spatial)), rand((3, 8, *kernel), seed=1)
+    attrs = {"kernel_shape": list(kernel), "dilations": list(dil), "pads": list(pads), "group": 1}
+    (y,) = run("Conv", {"x": x, "w": w}, attrs)
+    want = conv_direct(x, w, attrs | {"strides": [1] * len(spatial)})
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_float16_stays_float16():
     (y,) = check(
         "Conv",

@@ -104,6 +104,8 @@ class Conv(ConvBase):
             # 1x1: the input (strided if need be) is already the columns
             x = x[(slice(None), slice(None), *(slice(None, None, s) for s in strides))]
             y = np.matmul(wg, x.reshape(N, G, C // G, -1)).reshape(N, M, *out_sp)
+        elif G == 1 and 2 * M <= C and all(s == 1 for s in strides):
+            y = self.shifted_gemm(x, w, pads, kernel, dilations, out_sp)
         else:
             y = self.im2col_gemm(x, wg, pads, kernel, strides, dilations, out_sp)
         if b is not None:
@@ -130,6 +132,37 @@ class Conv(ConvBase):
                 cols = view[n][(*lead, slice(r, r1))].reshape(G, K, -1)
                 np.matmul(wg, cols, out=y[n, :, :, r * row : r1 * row])
         return y.reshape(N, G * Mg, *out_sp)
+
+    @staticmethod
+    def shifted_gemm(x, w, pads, kernel, dilations, out_sp) -> np.ndarray:
+        """Stride-1 convolution with few output channels: no im2col. In a channels-last padded
+        copy of the input, the inputs of kernel tap t for a run of outputs are one contiguous
+        block of rows shifted by t's offset, so the output is a sum of one (L, C) @ (C, M)
+        GEMM per tap. Inner spatial dims are computed at their padded extent and cropped."""
+        N, C = x.shape[:2]
+        M, n = w.shape[0], len(kernel)
+        sp = [x.shape[2 + i] + pads[i] + pads[n + i] for i in range(n)]
+        # one spare slice at the end of the first dim: the last taps' runs reach into it
+        xp = np.zeros((N, sp[0] + 1, *sp[1:], C), dtype=x.dtype)
+        inner = tuple(slice(pads[i], pads[i] + x.shape[2 + i]) for i in range(n))
+        xp[(slice(None), *inner)] = np.moveaxis(x, 1, -1)
+        flat = xp.reshape(N, -1, C)
+        row = [math.prod(sp[i + 1 :]) for i in range(n)]  # flat stride of each spatial dim
+        L = out_sp[0] * row[0]
+        wt = np.moveaxis(w, (0, 1), (-1, -2)).reshape(-1, C, M)  # (taps, C, M)
+        offsets = [
+            sum(k * d * r for k, d, r in zip(tap, dilations, row))
+            for tap in itertools.product(*(range(k) for k in kernel))
+        ]
+        y = np.matmul(flat[:, :L], wt[0])  # tap 0 has offset 0
+        tmp = np.empty_like(y)
+        for t, off in enumerate(offsets[1:], 1):
+            np.matmul(flat[:, off : off + L], wt[t], out=tmp)
+            y += tmp
+        y = y.reshape(N, out_sp[0], *sp[1:], M)[
+            (slice(None), slice(None), *(slice(o) for o in out_sp[1:]))
+        ]
+        return np.ascontiguousarray(np.moveaxis(y, -1, 1))
 
     @staticmethod
     def depthwise(xp, w, kernel, strides, dilations, out_sp) -> np.ndarray:
