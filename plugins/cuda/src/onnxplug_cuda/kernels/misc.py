@@ -68,8 +68,9 @@ class Range(CudaKernel):
             self.alloc(ctx, 0, (0,), dtype)
             return
         steps = xp.arange(n, dtype=calc)
-        steps *= delta.astype(calc)
-        steps += start.astype(calc)
+        # numpy scalars (CuPy takes no numpy arrays as operands, not even 0-d ones)
+        steps *= calc.type(delta)
+        steps += calc.type(start)
         self.put(ctx, 0, steps.astype(dtype, copy=False))
 
 

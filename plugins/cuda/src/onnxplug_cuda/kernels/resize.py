@@ -547,7 +547,7 @@ class Resize(CudaKernel):
         if plan.mask is not None:
             yv = y.reshape((plan.outer, *plan.od, plan.inner))
             mask = plan.mask if xp is np else plan.dev[-1]  # type: ignore[index]
-            value = np.asarray(self.p.extrapolation).astype(t.dtype)
+            value = np.asarray(self.p.extrapolation).astype(t.dtype)[()]
             xp.copyto(yv, value, where=mask)
 
     def _launch(self, plan: Plan, x: Any, y: Any, integer: bool, bounds: Any) -> None:
