@@ -555,6 +555,24 @@ def test_average_pool_matches_definition(case):
     np.testing.assert_allclose(y, pool_direct(x, attrs, "avg", cip), rtol=1e-5, atol=1e-6)
 
 
+@PROPS
+@given(pool_case())
+def test_window_geometry_invariants(case):
+    x, attrs, _ = case
+    k, s, d, p = attrs["kernel_shape"], attrs["strides"], attrs["dilations"], attrs["pads"]
+    size, n = x.shape[2:], len(k)
+    out, pads = shapes.window_geometry(size, k, s, d, p, ceil_mode=attrs["ceil_mode"])
+    ext = shapes.window_fit_pads(size, out, k, s, d, pads)
+    for i in range(n):
+        k_eff = (k[i] - 1) * d[i] + 1
+        assert out[i] >= 1
+        assert (out[i] - 1) * s[i] + k_eff <= size[i] + ext[i] + ext[n + i]  # every window fits
+        assert (out[i] - 1) * s[i] < size[i] + pads[i]  # the last one starts before the end pad
+        assert out[i] * s[i] + k_eff > size[i] + pads[i] + pads[n + i]  # and no further one fits
+    if not attrs["ceil_mode"]:
+        assert ext == pads
+
+
 @pytest.mark.parametrize("storage_order", [0, 1])
 def test_max_pool_indices(storage_order):
     x = rand((2, 3, 6, 5))

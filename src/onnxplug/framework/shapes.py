@@ -118,6 +118,25 @@ def window_geometry(
     return out, p
 
 
+def window_fit_pads(
+    in_spatial: Sequence[int],
+    out_spatial: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int] | None,
+    dilations: Sequence[int] | None,
+    pads: Sequence[int],
+) -> list[int]:
+    """``pads`` with the end pads grown so that every output's window lies inside the padded
+    input (ceil_mode's last window may reach past the explicit end padding)."""
+    n = len(in_spatial)
+    strides, dilations, _ = _window_attrs(n, strides, dilations, None)
+    ext = [int(p) for p in pads]
+    for i in range(n):
+        need = (out_spatial[i] - 1) * strides[i] + (int(kernel[i]) - 1) * dilations[i] + 1
+        ext[n + i] = max(ext[n + i], need - int(in_spatial[i]) - ext[i])
+    return ext
+
+
 def conv_transpose_geometry(
     in_spatial: Sequence[int],
     kernel: Sequence[int],

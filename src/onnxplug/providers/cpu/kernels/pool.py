@@ -40,11 +40,9 @@ class Pool(Kernel):
             self.auto_pad,
             self.ceil_mode,
         )
-        n = len(out)
-        ext = list(pads)
-        for i in range(n):
-            need = (out[i] - 1) * self.strides[i] + (self.kernel[i] - 1) * self.dilations[i] + 1
-            ext[n + i] = max(pads[n + i], need - x.shape[2 + i] - pads[i])
+        ext = shapes.window_fit_pads(
+            x.shape[2:], out, self.kernel, self.strides, self.dilations, pads
+        )
         return out, pads, ext
 
     def reduce(self, xp: np.ndarray, fn: np.ufunc, out: list[int]) -> np.ndarray:
