@@ -75,12 +75,16 @@ def test_mod_integer(dtype):
     check("Mod", {"a": a, "b": b}, fmod=1)  # C's fmod: the sign of the dividend
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64], ids=ids)
-def test_mod_fmod_float(dtype):
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+def test_mod_float(dtype):
     a = rand((4, 6), dtype, -10, 10, seed=3)
     b = rand((6,), dtype, 0.5, 3, seed=4)
     b[1::2] = -b[1::2]
-    check("Mod", {"a": a, "b": b}, fmod=1)
+    check("Mod", {"a": a, "b": b}, fmod=1)  # C's fmod
+    check("Mod", {"a": a, "b": b}, opset=28, fmod=0)  # Mod-28: Python's % on floats too
+    edge = np.array([3.0, -3.0, 0.0, 5.5, -5.5, 1.0], dtype)
+    by = np.array([1.5, 1.5, -2.0, np.inf, np.inf, -np.inf], dtype)
+    check("Mod", {"a": edge, "b": by}, opset=28, fmod=0)
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids)

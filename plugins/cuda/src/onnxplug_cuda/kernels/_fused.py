@@ -369,6 +369,41 @@ INT_DIV = Elementwise(
 )
 
 
+def _mod_np(a: np.ndarray, b: np.ndarray, fmod: Any, y: np.ndarray) -> None:
+    with np.errstate(all="ignore"):
+        w = widen(a), widen(b)
+        np.copyto(y, np.fmod(*w) if fmod else np.remainder(*w), casting="unsafe")
+
+
+# Mod: fmod=1 is C's fmod (the sign of a), fmod=0 Python's % (the sign of b), computed as
+# numpy does (CuPy's integer fmod goes through double and its float % is a - floor(a/b)*b).
+# x % 0 is 0 for integers (numpy's value; undefined in ONNX) and NaN for floats.
+MOD_INT = Elementwise(
+    "T a, T b, int32 truncated",
+    "T y",
+    "if (b == T(0)) { y = T(0); } else {"
+    " T m = T(a % b);"
+    " if (!truncated && m != T(0) && ((m < T(0)) != (b < T(0)))) m = T(m + b);"
+    " y = m; }",
+    "ox_mod_int",
+    _mod_np,
+)
+MOD_FLOAT = Elementwise(
+    "T a, T b, int32 truncated",
+    "T y",
+    "typedef ox_wide_t<T>::type W;"
+    " const W wb = W(b);"
+    " W m = fmod(W(a), wb);"
+    " if (!truncated) {"
+    "   if (m != W(0)) { if ((wb < W(0)) != (m < W(0))) m += wb; }"
+    "   else m = copysign(W(0), wb); }"
+    " y = T(m);",
+    "ox_mod_float",
+    _mod_np,
+    WIDE_PRE,
+)
+
+
 def _bitshift_np(x: np.ndarray, s: np.ndarray, right: int, y: np.ndarray) -> None:
     # numpy shifts by >= the width (or by a negative amount, seen as huge) give 0, or -1 for a
     # right shift of a negative value: the sign fill BitShift-28 specifies.

@@ -111,12 +111,25 @@ class Div(Binary):
         F.INT_DIV(self.xp, a, b, y)
 
 
-class Mod(Binary):
-    """fmod=1: C fmod (sign of A); fmod=0: Python's % (sign of B), for ints and floats."""
+class Mod(TypedKernel):
+    """fmod=1: C's fmod (the sign of A); fmod=0: Python's % (the sign of B), for integers
+    and (Mod-28) floats; bfloat16 through float32."""
 
     def __init__(self, info: KernelInfo):
-        self.ufunc = "fmod" if int(info.attr("fmod", 0)) else "remainder"
         super().__init__(info)
+        self.fmod = np.int32(int(info.attr("fmod", 0)) != 0)
+
+    def compute(self, ctx: KernelContext) -> None:
+        xp = self.xp
+        a, b = self.arg(ctx, 0), self.arg(ctx, 1)
+        shape = self.out_shape(a, b)
+        y = self.alloc(ctx, 0, shape, self.dtype_of(a))
+        if self.bf16:
+            t = xp.empty(shape, F32)
+            F.MOD_FLOAT(xp, F.to_f32(xp, a), F.to_f32(xp, b), self.fmod, t)
+            F.from_f32(xp, t, y)
+        else:
+            (F.MOD_INT if a.dtype.kind in "iu" else F.MOD_FLOAT)(xp, a, b, self.fmod, y)
 
 
 class Pow(TypedKernel):

@@ -75,27 +75,40 @@ class LayerNormalization(TypedKernel):
         self.eps = float(info.attr("epsilon", 1e-5))
         self.key = F.storage_key(self.in_dtype) if self.in_dtype is not None else None
         self.stats_dtype = [info.output_dtype(i) or F32 for i in (1, 2)]
+        self._geometry: tuple[Any, Any] = (None, None)
+
+    def geometry(self, shape: tuple[int, ...]) -> tuple[int, int, tuple[int, ...], Any]:
+        """(rows, cols, normalized shape, statistics shape) of an input shape (cached)."""
+        cached = self._geometry
+        if cached[0] == shape:
+            return cached[1]
+        axis = shapes.normalize_axis(self.axis, len(shape))
+        geo = (
+            shapes.size_of(shape[:axis]),
+            shapes.size_of(shape[axis:]),
+            shape[axis:],
+            shape[:axis] + (1,) * (len(shape) - axis),
+        )
+        self._geometry = (shape, geo)
+        return geo
 
     def compute(self, ctx: KernelContext) -> None:
         xp = self.xp
         x, scale, bias = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
-        axis = shapes.normalize_axis(self.axis, x.ndim)
-        rows, cols = shapes.size_of(x.shape[:axis]), shapes.size_of(x.shape[axis:])
+        rows, cols, norm_shape, stats_shape = self.geometry(x.shape)
         y = self.like(ctx, x)
-        stats_shape = x.shape[:axis] + (1,) * (x.ndim - axis)
         mean = self.alloc(ctx, 1, stats_shape, self.stats_dtype[0]) if ctx.has_output(1) else None
         rstd = self.alloc(ctx, 2, stats_shape, self.stats_dtype[1]) if ctx.has_output(2) else None
         if rows == 0:
             return
-        norm_shape = x.shape[axis:]
-        scale = _dense(xp, scale, norm_shape)
-        if bias is not None:
-            bias = _dense(xp, bias, norm_shape)
         if cols == 0:  # nothing to normalize: the statistics of an empty row
             for s in (mean, rstd):
                 if s is not None:
                     s.fill(np.nan)
             return
+        scale = _dense(xp, scale, norm_shape)
+        if bias is not None:
+            bias = _dense(xp, bias, norm_shape)
         F.rownorm(
             xp, x, y, rows, cols, self.eps, self.key or F.storage_key(x.dtype),
             scale, bias, mean, rstd, mode=1,
