@@ -187,7 +187,7 @@ def _np_element_offsets(idx: np.ndarray, axis: int, data_shape: tuple[int, ...])
     strides = [1] * len(data_shape)
     for d in range(len(data_shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * data_shape[d + 1]
-    grids = list(np.indices(idx.shape, sparse=True))
+    grids: list[np.ndarray] = list(np.indices(idx.shape, sparse=True))
     dim = data_shape[axis]
     grids[axis] = np.where(idx < 0, idx.astype(np.int64) + dim, idx)
     off = np.zeros(idx.shape, dtype=np.int64)

@@ -48,10 +48,11 @@ class Range(CudaKernel):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         stash = int(info.attr("stash_type", 1)) if info.since_version >= 27 else 0
-        self.stash = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}.get(stash)
+        stashes: dict[int, np.dtype] = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
+        self.stash = stashes.get(stash)
 
     def compute(self, ctx: KernelContext) -> None:
-        start, limit, delta = (np.asarray(ctx.input(i)).reshape(()) for i in range(3))
+        start, limit, delta = [np.asarray(ctx.input(i)).reshape(()) for i in range(3)]
         dtype = start.dtype
         xp = self.xp
         if dtype.kind in "iu":
