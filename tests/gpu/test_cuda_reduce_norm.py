@@ -114,7 +114,9 @@ def test_reduce_max_min_small_types(op, dtype):
 
 
 def test_reduce_large_rows():
-    x = rand((37, 4097), np.float32, -1, 1, seed=53)
+    # positive values: a sum of 4097 numbers of both signs could cancel to near zero, where
+    # the float32 rounding of two summation orders differs by more than the tolerance
+    x = rand((37, 4097), np.float32, 0, 1, seed=53)
     for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceLogSumExp"):
         check(op, {"x": x}, inits={"axes": i64(-1)})
         check(op, {"x": x}, inits={"axes": i64(0)})

@@ -124,8 +124,13 @@ class Elementwise:
         k(*args)
 
 
+def _bits_to_f32(v: Any) -> np.ndarray:
+    """bfloat16 values (an ml_dtypes array, or uint16 bits) as float32 (exact)."""
+    return (np.asarray(v).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 def _bf16_to_f32_np(x: np.ndarray, y: np.ndarray) -> None:
-    np.copyto(y, (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32))
+    np.copyto(y, _bits_to_f32(x))
 
 
 def _f32_to_bf16_np(f: np.ndarray, y: np.ndarray) -> None:
@@ -154,6 +159,52 @@ def to_f32(xp: Any, x: Any) -> Any:
 def from_f32(xp: Any, f: Any, y: Any) -> None:
     """Round float32 ``f`` to bfloat16 (nearest even) into ``y`` (bfloat16 storage)."""
     F32_TO_BF16(xp, f, y)
+
+
+def _bf16_binary_twin(name: str) -> Callable[..., None]:
+    fn = getattr(np, name)
+
+    def twin(a: Any, b: Any, y: np.ndarray) -> None:
+        r = fn(_bits_to_f32(a), _bits_to_f32(b))
+        if r.dtype == np.bool_:
+            np.copyto(y, r)
+        else:
+            _f32_to_bf16_np(r, y)
+
+    return twin
+
+
+# Binary ops on bfloat16 storage in one kernel: both operands to float32, the op, the result
+# rounded to nearest even (comparisons give bool). maximum/minimum propagate NaN like numpy.
+BF16_BINARY = {
+    name: Elementwise(
+        "uint16 a, uint16 b",
+        "bool y" if boolean else "uint16 y",
+        "const float p = ox_bf16_ld(a), q = ox_bf16_ld(b);"
+        + (f" y = {expr};" if boolean else f" y = ox_bf16_st({expr});"),
+        f"ox_bf16_{name}",
+        _bf16_binary_twin(name),
+        BF16_PRE,
+    )
+    for name, expr, boolean in (
+        ("add", "p + q", False),
+        ("subtract", "p - q", False),
+        ("multiply", "p * q", False),
+        ("true_divide", "p / q", False),
+        ("maximum", "(p != p || p > q) ? p : q", False),
+        ("minimum", "(p != p || p < q) ? p : q", False),
+        ("equal", "p == q", True),
+        ("less", "p < q", True),
+        ("greater", "p > q", True),
+        ("less_equal", "p <= q", True),
+        ("greater_equal", "p >= q", True),
+    )
+}
+
+
+def bf16_bits(value: float) -> np.uint16:
+    """The bfloat16 bits of a float32-exact ``value`` (small integers: exact)."""
+    return np.uint16(int(np.float32(value).view(np.uint32)) >> 16)
 
 
 class UnaryFloat:

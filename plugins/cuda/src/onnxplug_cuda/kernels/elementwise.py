@@ -79,17 +79,10 @@ class Binary(TypedKernel):
         a, b = self.arg(ctx, 0), self.arg(ctx, 1)
         shape = self.out_shape(a, b)
         y = self.alloc(ctx, 0, shape, np.bool_ if self.boolean else self.dtype_of(a))
-        if not self.bf16:
+        if self.bf16:
+            F.BF16_BINARY[self.ufunc](self.xp, a, b, y)
+        else:
             self.fn(a, b, out=y)
-            return
-        xp = self.xp
-        af, bf = F.to_f32(xp, a), F.to_f32(xp, b)
-        if self.boolean:
-            self.fn(af, bf, out=y)
-            return
-        t = xp.empty(shape, F32)
-        self.fn(af, bf, out=t)
-        F.from_f32(xp, t, y)
 
 
 class Div(Binary):
@@ -195,23 +188,26 @@ class Variadic(TypedKernel):
     def compute(self, ctx: KernelContext) -> None:
         xp = self.xp
         xs = [self.arg(ctx, i) for i in range(ctx.input_count)]
-        shape = self.out_shape(*xs)
-        y = self.alloc(ctx, 0, shape, self.dtype_of(xs[0]))
-        if self.bf16:
-            xs = [F.to_f32(xp, x) for x in xs]
-            acc = xp.empty(shape, F32)
-        else:
-            acc = y
+        y = self.alloc(ctx, 0, self.out_shape(*xs), self.dtype_of(xs[0]))
+        if self.bf16:  # bfloat16 kernels, rounding after every step like the CPU provider
+            fn = F.BF16_BINARY[self.ufunc]
+            if len(xs) == 1:
+                xp.copyto(y.view(np.uint16), xs[0].view(np.uint16))
+            else:
+                fn(xp, xs[0], xs[1], y)
+                for x in xs[2:]:
+                    fn(xp, y, x, y)
+            if self.mean:
+                F.BF16_BINARY["true_divide"](xp, y, F.bf16_bits(len(xs)), y)
+            return
         if len(xs) == 1:
-            xp.copyto(acc, xs[0])
+            xp.copyto(y, xs[0])
         else:
-            self.fn(xs[0], xs[1], out=acc)
+            self.fn(xs[0], xs[1], out=y)
             for x in xs[2:]:
-                self.fn(acc, x, out=acc)
+                self.fn(y, x, out=y)
         if self.mean:
-            xp.true_divide(acc, acc.dtype.type(len(xs)), out=acc)
-        if self.bf16:
-            F.from_f32(xp, acc, y)
+            xp.true_divide(y, y.dtype.type(len(xs)), out=y)
 
 
 # ---------------------------------------------------------------------------------------------
