@@ -297,38 +297,45 @@ def output_geometry(
 # Device side
 
 
-def _decompose(n_axes: int) -> list[str]:
+# Index arithmetic is 32-bit unsigned when the input and output have fewer than 2**31
+# elements (64-bit division costs several times more on the GPU), else 64-bit.
+_INDEX = {False: ("unsigned int", "uint32"), True: ("long long", "int64")}
+
+
+def _decompose(n_axes: int, it: str) -> list[str]:
     """CUDA lines splitting the flat output index i into (o, j0..jR-1, k)."""
-    lines = ["long long r = i;", "const long long k = r % inner;", "r /= inner;"]
+    lines = [f"{it} r = i;", f"const {it} k = r % inner;", "r /= inner;"]
     for a in range(n_axes - 1, 0, -1):
-        lines += [f"const long long j{a} = r % od{a};", f"r /= od{a};"]
-    lines += ["const long long j0 = r % od0;", "const long long o = r / od0;"]
+        lines += [f"const {it} j{a} = r % od{a};", f"r /= od{a};"]
+    lines += [f"const {it} j0 = r % od0;", f"const {it} o = r / od0;"]
     return lines
 
 
-def nearest_source(n_axes: int) -> tuple[str, str]:
+def nearest_source(n_axes: int, wide: bool) -> tuple[str, str]:
     """(in_params, body) of the nearest kernel over ``n_axes`` block axes."""
-    params = ["raw T x"] + [f"raw int32 t{a}" for a in range(n_axes)] + ["int64 inner"]
-    params += [f"int64 od{a}, int64 id{a}" for a in range(n_axes)]
-    lines = _decompose(n_axes) + ["long long p = o;"]
+    it, pt = _INDEX[wide]
+    params = ["raw T x"] + [f"raw int32 t{a}" for a in range(n_axes)] + [f"{pt} inner"]
+    params += [f"{pt} od{a}, {pt} id{a}" for a in range(n_axes)]
+    lines = _decompose(n_axes, it) + [f"{it} p = o;"]
     lines += [f"p = p * id{a} + t{a}[j{a}];" for a in range(n_axes)]
     lines.append("y = x[p * inner + k];")
     return ", ".join(params), "\n".join(lines)
 
 
-def weighted_source(n_axes: int, integer: bool) -> tuple[str, str]:
+def weighted_source(n_axes: int, integer: bool, wide: bool) -> tuple[str, str]:
     """(in_params, body) of the linear/cubic kernel: nested loops over each axis' taps."""
+    it, pt = _INDEX[wide]
     params = ["raw T x"]
     params += [f"raw int32 t{a}, raw W w{a}" for a in range(n_axes)]
-    params.append("int64 inner")
-    params += [f"int64 od{a}, int64 id{a}, int64 n{a}" for a in range(n_axes)]
+    params.append(f"{pt} inner")
+    params += [f"{pt} od{a}, {pt} id{a}, {pt} n{a}" for a in range(n_axes)]
     if integer:
         params.append("float64 lo, float64 hi")
-    lines = _decompose(n_axes) + ["W acc = 0;"]
+    lines = _decompose(n_axes, it) + ["W acc = 0;"]
     for a in range(n_axes):
         prev_p = "o" if a == 0 else f"p{a - 1}"
-        lines.append(f"for (long long a{a} = 0; a{a} < n{a}; ++a{a}) {{")
-        lines.append(f"const long long p{a} = {prev_p} * id{a} + t{a}[j{a} * n{a} + a{a}];")
+        lines.append(f"for ({it} a{a} = 0; a{a} < n{a}; ++a{a}) {{")
+        lines.append(f"const {it} p{a} = {prev_p} * id{a} + t{a}[j{a} * n{a} + a{a}];")
         weight = f"w{a}[j{a} * n{a} + a{a}]"
         lines.append(f"const W c{a} = " + (weight if a == 0 else f"c{a - 1} * {weight}") + ";")
     last = n_axes - 1
@@ -341,20 +348,20 @@ def weighted_source(n_axes: int, integer: bool) -> tuple[str, str]:
     return ", ".join(params), "\n".join(lines)
 
 
-_kernels: dict[tuple[str, int, bool], Any] = {}
+_kernels: dict[tuple[str, int, bool, bool], Any] = {}
 
 
-def _cupy_kernel(kind: str, n_axes: int, integer: bool) -> Any:
-    key = (kind, n_axes, integer)
+def _cupy_kernel(kind: str, n_axes: int, integer: bool, wide: bool) -> Any:
+    key = (kind, n_axes, integer, wide)
     k = _kernels.get(key)
     if k is None:
         import cupy
 
         if kind == "nearest":
-            params, body = nearest_source(n_axes)
+            params, body = nearest_source(n_axes, wide)
         else:
-            params, body = weighted_source(n_axes, integer)
-        name = f"onnxplug_resize_{kind}{n_axes}{'i' if integer else ''}"
+            params, body = weighted_source(n_axes, integer, wide)
+        name = f"onnxplug_resize_{kind}{n_axes}{'i' if integer else ''}{'w' if wide else ''}"
         k = _kernels[key] = cupy.ElementwiseKernel(params, "T y", body, name)
     return k
 
@@ -574,7 +581,8 @@ class Resize(CudaKernel):
         args = [x.reshape(-1), *plan.dev[: nax * per_axis], plan.inner, *dims]
         if integer:
             args += list(bounds)
-        _cupy_kernel(plan.kind, nax, integer)(*args, y.reshape(-1))
+        wide = max(x.size, y.size) >= 1 << 31
+        _cupy_kernel(plan.kind, nax, integer, wide)(*args, y.reshape(-1))
 
 
 class Resize10(Resize):
