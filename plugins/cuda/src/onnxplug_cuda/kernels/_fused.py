@@ -165,7 +165,8 @@ def _bf16_binary_twin(name: str) -> Callable[..., None]:
     fn = getattr(np, name)
 
     def twin(a: Any, b: Any, y: np.ndarray) -> None:
-        r = fn(_bits_to_f32(a), _bits_to_f32(b))
+        with np.errstate(all="ignore"):
+            r = fn(_bits_to_f32(a), _bits_to_f32(b))
         if r.dtype == np.bool_:
             np.copyto(y, r)
         else:
@@ -249,9 +250,9 @@ class UnaryFloat:
             r = self.twin(widen(x), *params)
         np.copyto(y, r, casting="unsafe")
 
-    def __call__(self, xp: Any, x: Any, y: Any, *params: float, bf16: bool = False) -> None:
-        args = [np.float32(p) for p in params]
-        (self.bf16 if bf16 else self.plain)(xp, x, *args, y)
+    def __call__(self, xp: Any, x: Any, y: Any, *params: np.float32, bf16: bool = False) -> None:
+        """``y = f(x)``; ``params`` are the attributes as float32 scalars."""
+        (self.bf16 if bf16 else self.plain)(xp, x, *params, y)
 
 
 _erf_py = np.frompyfunc(math.erf, 1, 1)

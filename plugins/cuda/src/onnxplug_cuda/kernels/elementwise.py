@@ -271,7 +271,7 @@ class FloatUnary(TypedKernel):
         self.kernel = F.UNARY_KERNELS[self.kernel_name(info)]
         names = F.UNARY_FLOAT[self.kernel_name(info)][2]
         self.params = tuple(
-            float(info.attr(n, d)) for n, d in zip(names, self.defaults, strict=True)
+            np.float32(info.attr(n, d)) for n, d in zip(names, self.defaults, strict=True)
         )
 
     def kernel_name(self, info: KernelInfo) -> str:
@@ -307,8 +307,8 @@ class IsNaN(TypedKernel):
 class IsInf(TypedKernel):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
-        self.pos = float(int(info.attr("detect_positive", 1)) != 0)
-        self.neg = float(int(info.attr("detect_negative", 1)) != 0)
+        self.pos = np.float32(int(info.attr("detect_positive", 1)) != 0)
+        self.neg = np.float32(int(info.attr("detect_negative", 1)) != 0)
 
     def compute(self, ctx: KernelContext) -> None:
         x = self.arg(ctx, 0)
