@@ -156,15 +156,24 @@ class Reduce(TypedKernel):
         self.noop = bool(info.attr("noop_with_empty_axes", 0))
         self.fn, self.identity = REDUCERS[self.op]
         self._plan: tuple[Any, Any] = (None, None)
+        const = info.constant_input(1) if info.has_input(1) else None
+        # axes from an initializer (the usual case) are read once, not on every run
+        self.const_axes = None if const is None else self.to_axes(const)
 
-    def axes(self, ctx: KernelContext) -> list[int] | None:
+    @staticmethod
+    def to_axes(a: Any) -> tuple[int, ...]:
+        return tuple(int(v) for v in np.asarray(a).reshape(-1))
+
+    def axes(self, ctx: KernelContext) -> tuple[int, ...] | None:
+        if self.const_axes is not None:
+            return self.const_axes
         a = ctx.input(1)
-        return None if a is None else [int(v) for v in np.asarray(a).reshape(-1)]
+        return None if a is None else self.to_axes(a)
 
     def plan(self, ctx: KernelContext, shape: tuple[int, ...]) -> Any:
         """(axes, output shape) for an input shape; None when the op is a no-op."""
         requested = self.axes(ctx)
-        key = (shape, None if requested is None else tuple(requested))
+        key = (shape, requested)
         cached = self._plan
         if cached[0] == key:
             return cached[1]
@@ -208,10 +217,10 @@ class ReduceAttr(Reduce):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         attr = info.attr("axes")
-        self.axes_attr = None if attr is None else [int(a) for a in attr]
+        self.axes_attr = None if attr is None else self.to_axes(attr)
         self.noop = False
 
-    def axes(self, ctx: KernelContext) -> list[int] | None:
+    def axes(self, ctx: KernelContext) -> tuple[int, ...] | None:
         return self.axes_attr
 
 
