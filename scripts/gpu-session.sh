@@ -28,8 +28,8 @@ for step in "$@"; do
         tests) PYTHON=python3 bash scripts/gpu-test.sh -p no:cacheprovider > "$out/gpu-tests.log" 2>&1; r=$?
                grep -E "^(FAILED|ERROR)|gpu-test: passed" "$out/gpu-tests.log" | head -60 ;;
         conformance)
-            python3 -m onnxplug.cli.main conformance --provider CUDAExecutionProvider --provider CPUExecutionProvider --json "$out/conformance_cuda.json" > "$out/conformance_cuda.log" 2>&1; r=$?
-            tail -2 "$out/conformance_cuda.log"
+            ONNXPLUG_CONFORMANCE_TRACE=1 PYTHONFAULTHANDLER=1 python3 -m onnxplug.cli.main conformance --provider CUDAExecutionProvider --provider CPUExecutionProvider --json "$out/conformance_cuda.json" > "$out/conformance_cuda.log" 2>&1; r=$?
+            grep -v "^case " "$out/conformance_cuda.log" | tail -3; grep "^case " "$out/conformance_cuda.log" | tail -1
             python3 -m onnxplug.cli.main conformance --provider CPUExecutionProvider --json "$out/conformance_cpu.json" > "$out/conformance_cpu.log" 2>&1
             tail -1 "$out/conformance_cpu.log" ;;
         bench) python3 benchmarks/models.py --fp16 --json "$out/bench.json" > "$out/bench.log" 2>&1; r=$?

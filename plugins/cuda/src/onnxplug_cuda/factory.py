@@ -108,8 +108,8 @@ class CudaEpFactory(EpFactory):
     def create_stream(self, ep: CudaEp, user_handle: int | None) -> Any:
         from .stream import CudaSyncStream
 
-        alloc = self._allocators.get(("Cuda", ep.ordinal))
-        on_close = getattr(alloc, "retire_stream", None)
+        # blocks allocated on the stream are freed on stream 0 once it is destroyed
+        on_close = getattr(self.run_allocator(ep), "retire_stream", None)
         return CudaSyncStream(ep.device, ep.ordinal, user_handle, ep.options.enable_cudnn, on_close)
 
     def run_allocator(self, ep: CudaEp) -> Allocator:

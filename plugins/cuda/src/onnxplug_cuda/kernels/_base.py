@@ -38,6 +38,23 @@ ALL_FIXED_BF16 = ALL_FIXED + BF16
 
 
 class CudaKernel(Kernel):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every ``compute`` first makes the call's stream CuPy's current stream (and the one
+        CuPy allocates on): a kernel may launch or allocate before touching any input, and
+        the stream current before it may be a finished subgraph's, already destroyed."""
+        super().__init_subclass__(**kwargs)
+        fn = cls.__dict__.get("compute")
+        if fn is None or getattr(fn, "_activates", False):
+            return
+
+        def compute(self: CudaKernel, ctx: KernelContext, _fn: Any = fn) -> None:
+            self.be.activate(ctx.stream)
+            _fn(self, ctx)
+
+        compute._activates = True  # type: ignore[attr-defined]
+        compute.__doc__ = fn.__doc__
+        cls.compute = compute  # type: ignore[method-assign]
+
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.ep = info.ep

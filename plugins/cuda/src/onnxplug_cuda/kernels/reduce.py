@@ -107,7 +107,15 @@ def _max(xp: Any, x: Any, axes: tuple[int, ...], keep: bool, out: Any) -> None:
 
 
 def _min(xp: Any, x: Any, axes: tuple[int, ...], keep: bool, out: Any) -> None:
-    xp.amin(x, axis=axes, keepdims=keep, out=out)
+    # CuPy 14's amin(out=...) raised TypeError on the H100 (an `equal` ufunc between a CuPy
+    # and a host array inside ndarray.min); min through an exact order-reversing map and amax
+    # instead: -x for floats (NaN propagates the same), ~x for ints and bool (no overflow).
+    if x.dtype.kind == "f":
+        xp.amax(-x, axis=axes, keepdims=keep, out=out)
+        xp.negative(out, out=out)
+    else:
+        xp.amax(~x, axis=axes, keepdims=keep, out=out)
+        xp.invert(out, out=out)
 
 
 def _lowest(dt: np.dtype) -> Any:
