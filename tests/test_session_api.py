@@ -367,6 +367,8 @@ def test_enable_profiling(affine, x, tmp_path):
     so = ox.SessionOptions()
     so.enable_profiling = True
     so.profile_file_prefix = str(tmp_path / "prof")
+    # the nodes as written (the default level fuses MatMul + Add + Relu into one MatMulBias)
+    so.graph_optimization_level = ox.GraphOptimizationLevel.ORT_ENABLE_BASIC
     s = ox.InferenceSession(affine.SerializeToString(), so, providers=CPU)
     assert s.get_profiling_start_time_ns() > 0
     for _ in range(3):  # first run of a signature and replays
@@ -388,6 +390,7 @@ def test_log_severity_level(affine, caplog):
     so = ox.SessionOptions()
     so.log_severity_level = 0  # verbose: where every node runs
     so.logid = "sess-a"
+    so.graph_optimization_level = ox.GraphOptimizationLevel.ORT_ENABLE_BASIC  # MatMul unfused
     ox.InferenceSession(affine.SerializeToString(), so, providers=CPU)
     verbose = [r.getMessage() for r in caplog.records if r.name == "onnxplug"]
     assert any("MatMul node" in m and "CPUExecutionProvider" in m for m in verbose)

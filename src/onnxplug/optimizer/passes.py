@@ -1,7 +1,8 @@
 """Graph optimization passes, run in place on the IR before partitioning.
 
-Levels follow onnxruntime: 0 disables everything; 1 (basic) folds constants and removes
-no-op nodes; higher levels add the fusions providers ask for.
+Levels follow onnxruntime: 0 disables everything; 1 (basic) folds constants, removes no-op
+nodes and folds Conv + BatchNormalization; 2 (extended) and above add the transformer fusions
+(Gelu, SkipLayerNormalization, MatMulBias, BiasGelu: see ``fusions``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from .fusions import fold_conv_batchnorm
+from .fusions import fold_conv_batchnorm, fuse_transformer
 
 Folder = Callable[[Graph, Node, list[Any]], list[Any] | None]
 
@@ -35,7 +36,11 @@ _NO_FOLD = frozenset(
 _FOLD_MAX_ELEMENTS = 1 << 20
 
 
-def optimize(graph: Graph, level: int, folder: Folder | None = None) -> None:
+def optimize(
+    graph: Graph, level: int, folder: Folder | None = None, registries: list[Any] | None = None
+) -> None:
+    """Optimize ``graph`` and its subgraphs in place; ``registries``: the session's providers'
+    kernel registries in priority order (fusions never take nodes away from a provider)."""
     if level <= 0:
         return
     for g in _all_graphs(graph):
@@ -44,6 +49,8 @@ def optimize(graph: Graph, level: int, folder: Folder | None = None) -> None:
             fold_constants(g, folder)
         _remove_identity(g)
         fold_conv_batchnorm(g)
+        if level >= 2:
+            fuse_transformer(g, registries)
 
 
 def _all_graphs(g: Graph) -> list[Graph]:

@@ -118,7 +118,8 @@ class InferenceSession:
         self._eps = self._create_eps(providers, provider_options)
         cpu = next((ep for ep in self._eps if ep.name == CPU_EP), None)
         folder = make_constant_folder(cpu) if cpu is not None else None
-        optimize(graph, int(self._sess_options.graph_optimization_level), folder)
+        registries = [ep.get_kernel_registry() for ep in self._eps]
+        optimize(graph, int(self._sess_options.graph_optimization_level), folder, registries)
         self._build()
         self._log(
             logging.INFO,

@@ -772,9 +772,11 @@ def storage_key(dtype: Any) -> str:
 
 
 class _RowModule:
-    """The compiled ``ROWS_MODULE_SRC`` (compiled on first use) and its functions per device."""
+    """A module's CUDA source (``ROWS_MODULE_SRC`` here; other kernel families build on its
+    traits and block reductions), compiled on first use, and its functions per device."""
 
-    def __init__(self) -> None:
+    def __init__(self, code: str = ROWS_MODULE_SRC) -> None:
+        self._code = code
         self._lock = threading.Lock()
         self._module: Any = None
         self._functions: dict[tuple[str, int], Any] = {}
@@ -785,7 +787,7 @@ class _RowModule:
         if fn is None:
             with self._lock:
                 if self._module is None:
-                    self._module = xp.RawModule(code=ROWS_MODULE_SRC, options=("--std=c++17",))
+                    self._module = xp.RawModule(code=self._code, options=("--std=c++17",))
                 fn = self._functions[key] = self._module.get_function(name)
         return fn
 

@@ -1,0 +1,341 @@
+"""CUDA kernels of the fused transformer ops (see ``onnxplug.optimizer.fusions``; the CPU
+provider's ``contrib`` kernels are the reference): one kernel launch per fused node.
+
+* ``com.microsoft`` ``Gelu``, ``BiasGelu``, ``FastGelu(X, bias?)``: one CuPy ElementwiseKernel
+  each (the bias is broadcast by CuPy), computing in float32 (float64 for float64) and rounding
+  once; bfloat16 (uint16 storage) has its own variants converting with round-to-nearest-even.
+* ``com.microsoft`` ``SkipLayerNormalization``: one row kernel (a block per row of the last
+  axis): ``s = input + skip (+ bias)`` rounded to the tensor type and written once (to the
+  output, and to ``input_skip_bias_sum`` when asked), then the mean and the variance in two
+  passes over the row (no cancellation), then the affine step in place. ``skip`` of shape
+  (..., S, H) repeating over the leading dims is read in place; other broadcasts are made dense.
+* ``ai.onnxplug`` ``MatMulBias``: one cuBLASLt GEMM over ``A`` folded to (rows, K), with the
+  BIAS, RELU_BIAS or GELU_BIAS epilogue. cuBLASLt's GELU epilogue is the tanh approximation
+  (FastGelu) and it has no erf GELU epilogue, so ``activation="Gelu"`` is the BIAS epilogue and
+  then the Gelu kernel in place on the output: two launches instead of three.
+
+The Gelu formulas, bfloat16 conversions, storage traits and block reductions are the ones of
+``_fused`` (the elementwise/normalization kernels). Under the host simulation the kernels'
+numpy twins (the same formulas in float32, float64 for float64, rounded once) and the GEMM
+engine's numpy path run instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
+
+from .. import blas
+from . import _fused as F
+from ._base import BF16, CudaKernel
+
+MS = "com.microsoft"
+PLUG = "ai.onnxplug"
+F16_32_64 = dtypes("float16", "float32", "float64")
+GELU_TYPES = F16_32_64 + BF16  # Gelu, BiasGelu, SkipLayerNormalization, MatMulBias
+FAST_GELU_TYPES = dtypes("float16", "float32") + BF16
+F32 = np.dtype(np.float32)
+_NULL = np.uint64(0)  # a null pointer argument of a RawKernel
+
+
+def _is_bf16(dtype: Any) -> bool:
+    return dtype is not None and np.dtype(dtype).name == "bfloat16"
+
+
+# ---------------------------------------------------------------------------------------------
+# Gelu family: elementwise kernels (the formulas and their twins are ``_fused``'s Gelu/GeluTanh)
+
+
+class GeluKernel:
+    """``y = f(x (+ b))`` for f = Gelu (erf) or GeluTanh (FastGelu): ``_fused``'s unary kernel
+    without a bias; with one, an ElementwiseKernel of the same expression of ``v = x + b``
+    (broadcast by CuPy) for float16/32/64 and for bfloat16 storage, with its numpy twin."""
+
+    def __init__(self, op: str, bias: bool):
+        self.unary = F.UNARY_KERNELS[op]
+        self.bias = bias
+        expr, f, _ = F.UNARY_FLOAT[op]
+
+        def twin(x: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
+            with np.errstate(all="ignore"):
+                np.copyto(y, f(F.widen(x) + F.widen(b)), casting="unsafe")
+
+        name = f"oxc_{op.lower()}_bias"
+        self.plain = F.Elementwise(
+            "T x, T b",
+            "T y",
+            f"typedef ox_wide_t<T>::type W; const W v = W(x) + W(b); y = T({expr});",
+            name,
+            twin,
+            F.WIDE_PRE + F.MATH_PRE,
+        )
+        self.bf16 = F.Elementwise(
+            "uint16 x, uint16 b",
+            "uint16 y",
+            f"typedef float W; const W v = ox_bf16_ld(x) + ox_bf16_ld(b); y = ox_bf16_st({expr});",
+            name + "_bf16",
+            twin,
+            F.BF16_PRE + F.MATH_PRE,
+        )
+
+    def __call__(self, xp: Any, x: Any, b: Any, y: Any, bf16: bool) -> None:
+        if b is None:
+            self.unary(xp, x, y, bf16=bf16)
+        else:
+            (self.bf16 if bf16 else self.plain)(xp, x, b, y)
+
+
+GELU = GeluKernel("Gelu", bias=False)
+BIAS_GELU = GeluKernel("Gelu", bias=True)
+FAST_GELU = GeluKernel("GeluTanh", bias=False)
+FAST_GELU_BIAS = GeluKernel("GeluTanh", bias=True)
+
+
+class _Typed(CudaKernel):
+    """Knows whether its tensors are bfloat16 (uint16 storage on the GPU): from the graph's
+    types when known, else from the input tensor at run time."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        dt = info.input_dtype(0)
+        self.dtype: np.dtype | None = dt
+        self.bf16 = _is_bf16(dt)
+
+    def dtype_of(self, ctx: KernelContext) -> np.dtype:
+        return self.dtype if self.dtype is not None else ctx.input(0).dtype
+
+    def is_bf16(self, ctx: KernelContext) -> bool:
+        return self.bf16 if self.dtype is not None else _is_bf16(ctx.input(0).dtype)
+
+
+class _GeluBase(_Typed):
+    plain: GeluKernel
+    with_bias: GeluKernel
+
+    def compute(self, ctx: KernelContext) -> None:
+        x, b = self.arg(ctx, 0), self.arg(ctx, 1)
+        dt = self.dtype_of(ctx)
+        shape = x.shape if b is None else shapes.broadcast_shapes(x.shape, b.shape)
+        y = self.alloc(ctx, 0, shape, dt)
+        if y.size:
+            k = self.plain if b is None else self.with_bias
+            k(self.xp, x, b, y, self.is_bf16(ctx))
+
+
+class Gelu(_GeluBase):
+    plain = with_bias = GELU
+
+
+class BiasGelu(_GeluBase):
+    plain = with_bias = BIAS_GELU
+
+
+class FastGelu(_GeluBase):
+    plain, with_bias = FAST_GELU, FAST_GELU_BIAS
+
+
+# ---------------------------------------------------------------------------------------------
+# SkipLayerNormalization: a row kernel on ``_fused``'s storage traits and block reductions
+
+_SKIP_LN_SRC = r"""
+// One block per row. Each thread reads back only the elements it wrote itself, so the sum can
+// live in y between the passes.
+template <class Tr>
+__device__ void oxc_skip_ln(const typename Tr::S* __restrict__ x, const typename Tr::S* __restrict__ skip,
+                            const typename Tr::S* __restrict__ gamma, const typename Tr::S* __restrict__ beta,
+                            const typename Tr::S* __restrict__ bias, typename Tr::S* y,
+                            typename Tr::S* __restrict__ sum_out, float* __restrict__ mean_out,
+                            float* __restrict__ rstd_out, long long cols, long long skip_rows, double eps) {
+  typedef typename Tr::W W;
+  typedef typename Tr::S S;
+  __shared__ W sh[32];
+  const long long row = blockIdx.x;
+  const S* xr = x + row * cols;
+  const S* sr = skip + (row % skip_rows) * cols;
+  S* yr = y + row * cols;
+  S* qr = sum_out ? sum_out + row * cols : (S*)0;
+  W acc = W(0);
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+    W v = Tr::ld(xr[c]) + Tr::ld(sr[c]);
+    if (bias) v += Tr::ld(bias[c]);
+    const S sv = Tr::st(v);  // the sum in the tensor type: what input_skip_bias_sum holds
+    yr[c] = sv;
+    if (qr) qr[c] = sv;
+    acc += Tr::ld(sv);
+  }
+  const W mean = ox_block_sum(acc, sh) / W(cols);
+  W q = W(0);
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+    const W d = Tr::ld(yr[c]) - mean;
+    q += d * d;
+  }
+  const W rstd = W(1) / sqrt(ox_block_sum(q, sh) / W(cols) + W(eps));
+  if (threadIdx.x == 0) {
+    if (mean_out) mean_out[row] = (float)mean;
+    if (rstd_out) rstd_out[row] = (float)rstd;
+  }
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+    W v = (Tr::ld(yr[c]) - mean) * rstd * Tr::ld(gamma[c]);
+    if (beta) v += Tr::ld(beta[c]);
+    yr[c] = Tr::st(v);
+  }
+}
+"""
+
+_SKIP_LN_ENTRY = r"""
+extern "C" __global__ void oxc_skip_ln_{k}(const {S}* x, const {S}* skip, const {S}* gamma,
+    const {S}* beta, const {S}* bias, {S}* y, {S}* sum_out, float* mean_out, float* rstd_out,
+    long long cols, long long skip_rows, double eps) {{
+  oxc_skip_ln<{Tr}>(x, skip, gamma, beta, bias, y, sum_out, mean_out, rstd_out, cols, skip_rows, eps);
+}}
+"""
+SKIP_LN_MODULE_SRC = (
+    F.ROWS_SRC
+    + _SKIP_LN_SRC
+    + "".join(_SKIP_LN_ENTRY.format(k=k, Tr=tr, S=c) for k, (tr, c) in F.ROW_TYPES.items())
+)
+SKIP_LN_ROWS = F._RowModule(SKIP_LN_MODULE_SRC)
+
+
+def _skip_ln_np(x, skip, gamma, beta, bias, y, sum_out, mean_out, rstd_out, eps) -> None:
+    """The row kernel's twin on dense (rows, cols) views and a (k, cols) skip repeating over the
+    rows: the sum rounded to the tensor type, then ``_fused``'s row normalization twin."""
+    rows, cols = y.shape
+    s = F.widen(x) + np.tile(F.widen(skip), (rows // skip.shape[0], 1))
+    if bias is not None:
+        s += F.widen(bias)
+    total = sum_out if sum_out is not None else np.empty_like(y)
+    np.copyto(total, s, casting="unsafe")
+    F.rownorm(np, total, y, rows, cols, eps, "", gamma, beta, mean_out, rstd_out, mode=1)
+
+
+def _dense(xp: Any, v: Any, shape: tuple[int, ...]) -> Any:
+    if v.shape == shape:
+        return v
+    return xp.ascontiguousarray(xp.broadcast_to(v, shape))
+
+
+class SkipLayerNormalization(_Typed):
+    """SkipLayerNormalization-1 (com.microsoft); ``mean``/``inv_std_var`` are float32 with the
+    input's shape and a last dim of 1."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.eps = float(info.attr("epsilon", 1e-12))  # onnxruntime's default
+        self._plans: dict[tuple, tuple] = {}
+
+    def _plan(self, xs: tuple, ss: tuple, has_bias: bool) -> tuple:
+        """(output shape, whether x and skip must be made dense, skip rows read in place)."""
+        shape = shapes.broadcast_shapes(xs, ss)
+        if not shape:
+            raise ValueError("SkipLayerNormalization: the input is a scalar")
+        cols = shape[-1]
+        trimmed = ss
+        while trimmed and trimmed[0] == 1 and len(trimmed) > 1:
+            trimmed = trimmed[1:]
+        in_place = xs == shape and shape[len(shape) - len(trimmed) :] == trimmed
+        skip_rows = shapes.size_of(trimmed) // cols if in_place and cols else 1
+        plan = (shape, not in_place, max(skip_rows, 1))
+        self._plans[(xs, ss, has_bias)] = plan
+        return plan
+
+    def compute(self, ctx: KernelContext) -> None:
+        xp = self.xp
+        x, skip, gamma, beta, bias = (self.arg(ctx, i) for i in range(5))
+        dt = self.dtype_of(ctx)
+        key = (x.shape, skip.shape, bias is not None)
+        shape, make_dense, skip_rows = self._plans.get(key) or self._plan(*key)
+        cols = shape[-1]
+        for name, v in (("gamma", gamma), ("beta", beta), ("bias", bias)):
+            if v is not None and v.shape != (cols,):
+                raise ValueError(
+                    f"SkipLayerNormalization: {name} has shape {v.shape}, not ({cols},)"
+                )
+        y = self.alloc(ctx, 0, shape, dt)
+        stats = shape[:-1] + (1,)
+        mean = self.alloc(ctx, 1, stats, F32) if ctx.has_output(1) else None
+        rstd = self.alloc(ctx, 2, stats, F32) if ctx.has_output(2) else None
+        total = self.alloc(ctx, 3, shape, dt) if ctx.has_output(3) else None
+        if y.size == 0:
+            return
+        if make_dense:
+            x, skip, skip_rows = _dense(xp, x, shape), _dense(xp, skip, shape), y.size // cols
+        rows = y.size // cols
+        if xp is np:
+            _skip_ln_np(
+                x.reshape(rows, cols), skip.reshape(skip_rows, cols), gamma, beta, bias,
+                y.reshape(rows, cols), None if total is None else total.reshape(rows, cols),
+                None if mean is None else mean.reshape(rows),
+                None if rstd is None else rstd.reshape(rows), self.eps,
+            )  # fmt: skip
+            return
+        fn = SKIP_LN_ROWS.function(xp, "oxc_skip_ln_" + F.storage_key(dt))
+        fn(
+            (rows,),
+            (F.block_size(cols),),
+            (
+                x, skip, gamma,
+                _NULL if beta is None else beta, _NULL if bias is None else bias,
+                y, _NULL if total is None else total,
+                _NULL if mean is None else mean, _NULL if rstd is None else rstd,
+                np.int64(cols), np.int64(skip_rows), np.float64(self.eps),
+            ),
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# MatMulBias: one GEMM with an epilogue
+
+# activation -> (cuBLASLt epilogue with the bias, whether the erf Gelu kernel follows)
+_EPILOGUES: dict[str, tuple[str | None, bool]] = {
+    "": (None, False),
+    "Relu": ("RELU", False),
+    "FastGelu": ("GELU", False),
+    "Gelu": (None, True),
+}
+
+
+class MatMulBias(_Typed):
+    """``act(A @ B + bias)`` (ai.onnxplug): A's leading dims are folded into the GEMM's rows."""
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        return node.attrs.get("activation", "") in _EPILOGUES
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.epilogue, self.then_gelu = _EPILOGUES[info.attr("activation", "")]
+        self.gemm = blas.engine_for(self.ep)
+        self.path = self.gemm.kind  # which engine runs the product (for tests)
+
+    def compute(self, ctx: KernelContext) -> None:
+        a, w, bias = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
+        if a.ndim == 0 or w.ndim != 2 or a.shape[-1] != w.shape[0]:
+            raise ValueError(f"MatMulBias: shapes {list(a.shape)} and {list(w.shape)} do not align")
+        k, n = w.shape
+        if bias.shape != (n,):
+            raise ValueError(f"MatMulBias: bias {bias.shape} must have shape ({n},)")
+        dt = self.dtype_of(ctx)
+        y = self.alloc(ctx, 0, (*a.shape[:-1], n), dt)
+        rows = shapes.size_of(a.shape[:-1])
+        y2 = y.reshape(rows, n)
+        self.gemm(ctx, a.reshape(rows, k), w, y2, bias=bias, epilogue=self.epilogue, dtype=dt)
+        if self.then_gelu and y.size:
+            GELU(self.xp, y2, None, y2, self.is_bf16(ctx))  # in place
+
+
+def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
+    # The ops have no ONNX schemas: type constraints are given by input index.
+    def by_index(types: tuple, count: int) -> dict[int, tuple]:
+        return dict.fromkeys(range(count), types)
+
+    reg.kernel("Gelu", domain=MS, since=1, types=by_index(GELU_TYPES, 1))(Gelu)
+    reg.kernel("BiasGelu", domain=MS, since=1, types=by_index(GELU_TYPES, 2))(BiasGelu)
+    reg.kernel("FastGelu", domain=MS, since=1, types=by_index(FAST_GELU_TYPES, 2))(FastGelu)
+    reg.kernel("SkipLayerNormalization", domain=MS, since=1, types=by_index(GELU_TYPES, 5))(
+        SkipLayerNormalization
+    )
+    reg.kernel("MatMulBias", domain=PLUG, since=1, types=by_index(GELU_TYPES, 3))(MatMulBias)
