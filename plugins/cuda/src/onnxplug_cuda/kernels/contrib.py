@@ -115,10 +115,19 @@ class _GeluBase(_Typed):
     plain: GeluKernel
     with_bias: GeluKernel
 
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self._shapes: dict[tuple, tuple[int, ...]] = {}  # (x, bias) shapes -> output shape
+
     def compute(self, ctx: KernelContext) -> None:
         x, b = self.arg(ctx, 0), self.arg(ctx, 1)
         dt = self.dtype_of(ctx)
-        shape = x.shape if b is None else shapes.broadcast_shapes(x.shape, b.shape)
+        if b is None:
+            shape = x.shape
+        else:
+            shape = self._shapes.get((x.shape, b.shape)) or self._shapes.setdefault(
+                (x.shape, b.shape), shapes.broadcast_shapes(x.shape, b.shape)
+            )
         y = self.alloc(ctx, 0, shape, dt)
         if y.size:
             k = self.plain if b is None else self.with_bias
