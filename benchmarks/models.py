@@ -45,7 +45,13 @@ def export_all(out: str, names: list[str]) -> None:
         kw = dict(
             input_names=input_names, output_names=None, dynamic_axes=dynamic_axes, opset_version=17
         )
-        torch.onnx.export(model, args, path, dynamo=False, **kw)
+        try:
+            torch.onnx.export(model, args, path, dynamo=False, **kw)
+        except Exception as e:  # the anchors' script falls back the same way
+            print(name, "legacy exporter failed:", str(e)[:100], "-> dynamo exporter", flush=True)
+            kw.pop("dynamic_axes")
+            kw["opset_version"] = 18
+            torch.onnx.export(model, args, path, dynamo=True, external_data=False, **kw)
         print("exported", name, os.path.getsize(path) // 1_000_000, "MB", flush=True)
 
     if "resnet50" in names:
