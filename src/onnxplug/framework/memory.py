@@ -147,7 +147,7 @@ class DeviceTensor:
     was taken from, a foreign buffer, a planned block).
     """
 
-    __slots__ = ("device", "dtype", "owner", "ptr", "shape")
+    __slots__ = ("device", "dtype", "owner", "ptr", "shape", "stable_view")
 
     def __init__(self, device: Device, dtype: Any, shape: tuple[int, ...], ptr: int, owner: Any):
         self.device = device
@@ -155,6 +155,10 @@ class DeviceTensor:
         self.shape = tuple(int(d) for d in shape)
         self.ptr = ptr
         self.owner = owner
+        # A tensor the executor hands out again on every run (same memory, shape and dtype: a
+        # slot of a static memory plan) carries a dict here where a provider may keep its
+        # array view of it, to skip rebuilding the view every run; None for other tensors.
+        self.stable_view: dict[Any, Any] | None = None
 
     @property
     def size(self) -> int:

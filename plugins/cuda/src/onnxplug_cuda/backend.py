@@ -33,10 +33,22 @@ class CupyBackend:
 
     # views -----------------------------------------------------------------------------------
     def view(self, t: DeviceTensor) -> Any:
-        """A CuPy array over a tensor's memory (no copy). bfloat16 is viewed as uint16."""
+        """A CuPy array over a tensor's memory (no copy). bfloat16 is viewed as uint16.
+
+        Tensors of a static memory plan come back every run: their view is built once and
+        kept on the tensor (holding the plan's block, not the tensor: no reference cycle)."""
+        cache = t.stable_view
+        if cache is not None:
+            v = cache.get(self)
+            if v is None:
+                v = cache[self] = self._make_view(t, t.owner)
+            return v
+        return self._make_view(t, t)
+
+    def _make_view(self, t: DeviceTensor, keep: Any) -> Any:
         cp = self.xp
         dt = _STORAGE_AS.get(t.dtype.name, t.dtype)
-        mem = cp.cuda.UnownedMemory(t.ptr, max(t.nbytes, 1), t, self.ordinal)
+        mem = cp.cuda.UnownedMemory(t.ptr, max(t.nbytes, 1), keep, self.ordinal)
         return cp.ndarray(t.shape, dt, cp.cuda.MemoryPointer(mem, 0))
 
     def wrap(self, arr: Any, dtype: Any = None) -> DeviceTensor:
