@@ -76,3 +76,31 @@ def test_relu_runs_on_the_cuda_provider(sim):
     np.testing.assert_array_equal(s.run(None, {"x": x})[0], np.maximum(x, 0))
     eps = {r["node_name"]: r["ep"] for r in s.get_provider_graph_assignment_info()}
     assert eps["Relu_0"] == sim
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"use_ep_level_unified_stream": "1"},
+        {"gpu_mem_limit": str(1 << 30)},
+        {"enable_cuda_graph": "1"},
+    ],
+)
+def test_stream_and_allocator_options_run(sim, options):
+    """Unified-stream and per-session-allocator paths (the unified stream once deadlocked:
+    creating it under the EP's lock asked the EP for its allocator, which takes that lock)."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    s = ox.InferenceSession(
+        m.SerializeToString(), providers=[(sim, options), "CPUExecutionProvider"]
+    )
+    x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(s.run(None, {"x": x})[0], np.maximum(x, 0))

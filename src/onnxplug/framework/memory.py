@@ -227,7 +227,7 @@ class HostAllocator(Allocator):
         self.memory_info = memory_info
         self._alignment = alignment
         self._blocks: dict[int, np.ndarray] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a GC-run free may land inside alloc
         self._stats = {"InUse": 0, "TotalAllocated": 0, "MaxInUse": 0, "NumAllocs": 0}
 
     def alloc(self, size: int) -> int:

@@ -32,7 +32,7 @@ class VirtAllocator(Allocator):
     def __init__(self, memory_info: MemoryInfo, alignment: int = 64):
         self.memory_info = memory_info
         self._alignment = alignment
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._buffers: dict[int, np.ndarray] = {}  # ptr -> backing buffer
         self._sizes: dict[int, int] = {}  # ptr -> requested size
         self._starts: list[int] = []  # sorted live pointers, for containment checks

@@ -77,7 +77,7 @@ class CudaEp(Ep):
         self.device: Device = ep_device.memory_info.device
         self.backend = factory.backend_for(self.ordinal)
         self._unified: Any = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # create_sync_stream -> factory -> get_allocator
         self._streams: list[Any] = []
         self._external: Allocator | None = None
         self._run_tokens = threading.local()

@@ -106,10 +106,13 @@ class CudaEpFactory(EpFactory):
         return _registry(options.enable_cudnn)
 
     def create_stream(self, ep: CudaEp, user_handle: int | None) -> Any:
-        from .stream import CudaSyncStream
-
         # blocks allocated on the stream are freed on stream 0 once it is destroyed
         on_close = getattr(self.run_allocator(ep), "retire_stream", None)
+        return self._new_stream(ep, user_handle, on_close)
+
+    def _new_stream(self, ep: CudaEp, user_handle: int | None, on_close: Any) -> Any:
+        from .stream import CudaSyncStream
+
         return CudaSyncStream(ep.device, ep.ordinal, user_handle, ep.options.enable_cudnn, on_close)
 
     def run_allocator(self, ep: CudaEp) -> Allocator:

@@ -30,7 +30,7 @@ class CudaDeviceAllocator(Allocator):
         self.memory_info = memory_info
         self.ordinal = ordinal
         self.limit = limit
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a GC-run free may land inside alloc
         self._live: dict[int, tuple[int, int]] = {}  # ptr -> (nbytes, stream handle)
         self._stats = {
             "InUse": 0,
@@ -139,7 +139,7 @@ class CudaPinnedAllocator(Allocator):
 
     def __init__(self, memory_info: MemoryInfo):
         self.memory_info = memory_info
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._live: dict[int, int] = {}
         self._stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0}
 
@@ -179,7 +179,7 @@ class ExternalDeviceAllocator(Allocator):
         self._alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(alloc_fn)
         self._free = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(free_fn)
         self._empty = ctypes.CFUNCTYPE(None)(empty_cache_fn) if empty_cache_fn else None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._live: dict[int, int] = {}
         self._stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0}
 

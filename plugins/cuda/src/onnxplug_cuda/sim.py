@@ -131,7 +131,7 @@ class CudaSimEpFactory(CudaEpFactory):
             d.memory_info = MemoryInfo("Cuda", self._device(d.device.device_id))
         return devs
 
-    def create_stream(self, ep: Any, user_handle: int | None) -> SimStream:
+    def _new_stream(self, ep: Any, user_handle: int | None, on_close: Any) -> SimStream:
         return SimStream(ep.device)
 
     def _make_allocator(self, memory_info: MemoryInfo) -> Allocator | None:
