@@ -145,7 +145,58 @@ class GlobalMaxPool(Kernel):
         ctx.set_output(0, np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True))
 
 
+class GlobalLpPool(Kernel):
+    """GlobalLpPool: (sum over the spatial dims of |x|^p)^(1/p), spatial dims kept as 1."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.p = float(info.attr("p", 2))
+
+    def compute(self, ctx: KernelContext) -> None:
+        x = ctx.input(0)
+        axes = tuple(range(2, x.ndim))
+        w = wide(x)
+        y = np.power(np.sum(np.power(np.abs(w), self.p), axis=axes, keepdims=True), 1.0 / self.p)
+        ctx.set_output(0, y.astype(x.dtype, copy=False))
+
+
+class MaxRoiPool(Kernel):
+    """MaxRoiPool (Fast R-CNN's ROI pooling): each ROI ``[batch, x1, y1, x2, y2]`` scaled by
+    ``spatial_scale`` and rounded, split into ``pooled_shape`` bins whose maxima are taken
+    (an empty bin gives 0), as onnxruntime computes it."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.ph, self.pw = (int(v) for v in info.attr("pooled_shape"))
+        self.scale = float(info.attr("spatial_scale", 1.0))
+
+    def compute(self, ctx: KernelContext) -> None:
+        x, rois = ctx.input(0), ctx.input(1)
+        n_rois, (_, c, h, w) = rois.shape[0], x.shape
+        y = np.zeros((n_rois, c, self.ph, self.pw), dtype=x.dtype)
+        for r in range(n_rois):
+            b = int(rois[r, 0])
+            # C's roundf (half away from zero), not Python's round (half to even)
+            x1, y1, x2, y2 = (
+                int(math.copysign(math.floor(abs(float(v) * self.scale) + 0.5), v))
+                for v in rois[r, 1:5]
+            )
+            bin_h = max(y2 - y1 + 1, 1) / self.ph
+            bin_w = max(x2 - x1 + 1, 1) / self.pw
+            for i in range(self.ph):
+                hs = min(max(int(math.floor(i * bin_h)) + y1, 0), h)
+                he = min(max(int(math.ceil((i + 1) * bin_h)) + y1, 0), h)
+                for j in range(self.pw):
+                    ws = min(max(int(math.floor(j * bin_w)) + x1, 0), w)
+                    we = min(max(int(math.ceil((j + 1) * bin_w)) + x1, 0), w)
+                    if he > hs and we > ws:
+                        y[r, :, i, j] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
+        ctx.set_output(0, y)
+
+
 def register(registry: KernelRegistry) -> None:
+    registry.kernel("GlobalLpPool", since=1)(GlobalLpPool)
+    registry.kernel("MaxRoiPool", since=1)(MaxRoiPool)
     registry.kernel("MaxPool", since=1)(MaxPool)
     registry.kernel("AveragePool", since=1)(AveragePool)
     registry.kernel("GlobalAveragePool", since=1)(GlobalAveragePool)
