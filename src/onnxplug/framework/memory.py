@@ -220,38 +220,67 @@ def host_view(ptr: int, shape: tuple[int, ...], dtype: Any, keep: Any) -> np.nda
     return raw.view(dt).reshape(shape)
 
 
-class HostAllocator(Allocator):
+class CountingAllocator(Allocator):
+    """An allocator over raw alloc/free functions that keeps onnxruntime's basic stats
+    (``InUse``, ``TotalAllocated``, ``MaxInUse``, ``NumAllocs``). Subclasses implement
+    ``_raw_alloc(size) -> ptr`` (0 on failure) and ``_raw_free(ptr)``."""
+
+    def __init__(self, memory_info: MemoryInfo):
+        self.memory_info = memory_info
+        self._lock = threading.RLock()  # re-entrant: a GC-run free may land inside alloc
+        self._live: dict[int, int] = {}
+        self._stats = {"InUse": 0, "TotalAllocated": 0, "MaxInUse": 0, "NumAllocs": 0}
+
+    def _raw_alloc(self, size: int) -> int:
+        raise NotImplementedError
+
+    def _raw_free(self, ptr: int) -> None:
+        raise NotImplementedError
+
+    def alloc(self, size: int) -> int:
+        ptr = self._raw_alloc(size)
+        if ptr:
+            with self._lock:
+                self._live[ptr] = size
+                s = self._stats
+                s["InUse"] += size
+                s["TotalAllocated"] += size
+                s["NumAllocs"] += 1
+                s["MaxInUse"] = max(s["MaxInUse"], s["InUse"])
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        with self._lock:
+            size = self._live.pop(ptr, None)
+            if size is None:
+                return
+            self._stats["InUse"] -= size
+        self._raw_free(ptr)
+
+    def get_stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._stats)
+
+
+class HostAllocator(CountingAllocator):
     """Host memory from numpy buffers; pointers stay valid until ``free``."""
 
     def __init__(self, memory_info: MemoryInfo = CPU_MEMORY, alignment: int = 64):
-        self.memory_info = memory_info
+        super().__init__(memory_info)
         self._alignment = alignment
         self._blocks: dict[int, np.ndarray] = {}
-        self._lock = threading.RLock()  # re-entrant: a GC-run free may land inside alloc
-        self._stats = {"InUse": 0, "TotalAllocated": 0, "MaxInUse": 0, "NumAllocs": 0}
 
-    def alloc(self, size: int) -> int:
+    def _raw_alloc(self, size: int) -> int:
         buf = np.empty(size + self._alignment, dtype=np.uint8)
         base = buf.ctypes.data
         ptr = (base + self._alignment - 1) // self._alignment * self._alignment
         with self._lock:
             self._blocks[ptr] = buf
-            s = self._stats
-            s["InUse"] += size
-            s["TotalAllocated"] += size
-            s["NumAllocs"] += 1
-            s["MaxInUse"] = max(s["MaxInUse"], s["InUse"])
         return ptr
 
-    def free(self, ptr: int) -> None:
+    def _raw_free(self, ptr: int) -> None:
         with self._lock:
-            buf = self._blocks.pop(ptr, None)
-            if buf is not None:
-                self._stats["InUse"] -= buf.nbytes - self._alignment
-
-    def get_stats(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._stats)
+            self._blocks.pop(ptr, None)
 
 
 def copy_host_bytes(dst_ptr: int, src_ptr: int, nbytes: int) -> None:

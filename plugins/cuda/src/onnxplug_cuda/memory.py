@@ -12,7 +12,7 @@ import ctypes
 import threading
 from typing import Any
 
-from onnxplug.ep import Allocator, MemoryInfo
+from onnxplug.ep import Allocator, CountingAllocator, MemoryInfo
 
 from .runtime import DeviceGuard, check, cudart
 
@@ -134,40 +134,18 @@ class CudaDeviceAllocator(Allocator):
             rt.cudaMemPoolDestroy(self.pool)
 
 
-class CudaPinnedAllocator(Allocator):
+class CudaPinnedAllocator(CountingAllocator):
     """Page-locked host memory (cudaHostAlloc), for fast asynchronous copies."""
 
-    def __init__(self, memory_info: MemoryInfo):
-        self.memory_info = memory_info
-        self._lock = threading.RLock()
-        self._live: dict[int, int] = {}
-        self._stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0}
-
-    def alloc(self, size: int) -> int:
+    def _raw_alloc(self, size: int) -> int:
         rt = cudart()
-        ptr = int(check(rt.cudaHostAlloc(size, rt.cudaHostAllocDefault), "cudaHostAlloc"))
-        with self._lock:
-            self._live[ptr] = size
-            s = self._stats
-            s["InUse"] += size
-            s["NumAllocs"] += 1
-            s["MaxInUse"] = max(s["MaxInUse"], s["InUse"])
-        return ptr
+        return int(check(rt.cudaHostAlloc(size, rt.cudaHostAllocDefault), "cudaHostAlloc"))
 
-    def free(self, ptr: int) -> None:
-        with self._lock:
-            size = self._live.pop(ptr, None)
-            if size is None:
-                return
-            self._stats["InUse"] -= size
+    def _raw_free(self, ptr: int) -> None:
         cudart().cudaFreeHost(ptr)
 
-    def get_stats(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._stats)
 
-
-class ExternalDeviceAllocator(Allocator):
+class ExternalDeviceAllocator(CountingAllocator):
     """Device memory from the user's callbacks (``gpu_external_alloc/free/empty_cache``):
     C functions ``void* alloc(size_t)``, ``void free(void*)``, ``void empty_cache()``, given
     as addresses (e.g. PyTorch's ``torch.cuda.memory`` caching-allocator hooks)."""
@@ -175,37 +153,17 @@ class ExternalDeviceAllocator(Allocator):
     def __init__(
         self, memory_info: MemoryInfo, alloc_fn: int, free_fn: int, empty_cache_fn: int = 0
     ):
-        self.memory_info = memory_info
+        super().__init__(memory_info)
         self._alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(alloc_fn)
         self._free = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(free_fn)
         self._empty = ctypes.CFUNCTYPE(None)(empty_cache_fn) if empty_cache_fn else None
-        self._lock = threading.RLock()
-        self._live: dict[int, int] = {}
-        self._stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0}
 
-    def alloc(self, size: int) -> int:
-        ptr = self._alloc(size) or 0
-        if ptr:
-            with self._lock:
-                self._live[ptr] = size
-                s = self._stats
-                s["InUse"] += size
-                s["NumAllocs"] += 1
-                s["MaxInUse"] = max(s["MaxInUse"], s["InUse"])
-        return ptr
+    def _raw_alloc(self, size: int) -> int:
+        return self._alloc(size) or 0
 
-    def free(self, ptr: int) -> None:
-        with self._lock:
-            size = self._live.pop(ptr, None)
-            if size is None:
-                return
-            self._stats["InUse"] -= size
+    def _raw_free(self, ptr: int) -> None:
         self._free(ptr)
 
     def shrink(self) -> None:
         if self._empty is not None:
             self._empty()
-
-    def get_stats(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._stats)
