@@ -77,6 +77,11 @@ class EPFail(OnnxPlugError):
     code = 11
 
 
+class GraphCaptureViolation(EPFail):
+    """Work that a captured graph cannot hold (a device allocation, a host synchronisation)
+    was attempted on a stream that is capturing one. The capture is abandoned."""
+
+
 class ModelLoadCanceled(OnnxPlugError):
     status = "MODEL_LOAD_CANCELED"
     code = 12
@@ -102,6 +107,7 @@ __all__ = [
     "EPFail",
     "EngineError",
     "Fail",
+    "GraphCaptureViolation",
     "InvalidArgument",
     "InvalidGraph",
     "InvalidProtobuf",

@@ -8,10 +8,21 @@ prepared kernel, every slot the step after which it is dead. Runs are grouped by
   constants): later runs with the same signature take them as constants and skip those nodes;
 * every device allocation made through ``ctx.output``, its lifetime and the streams that touch
   it: later runs get a static memory plan, one block per device with precomputed offsets
-  (onnxruntime's memory patterns), so the steady state makes no per-tensor allocations.
+  (onnxruntime's memory patterns). The block also holds a buffer per device feed (inputs are
+  copied into it through pinned staging) and, for a session's top-level graph, the graph
+  outputs, which are copied out at the end of the run.
 
-A run executes a flat list of ``(compute, ctx, release)`` tuples on a pooled *frame* (values
-list + contexts + streams), so concurrent runs never share mutable state.
+A run executes a flat list of ``(call, ctx, release)`` tuples on a pooled *frame* (values list,
+contexts, streams, planned block, scratch cache, staging buffers), so concurrent runs never
+share mutable state. A frame's first run *binds* each kernel (``Kernel.bind``, the prepare
+phase): a kernel may return a launcher with pointers, shapes and launch parameters bound once,
+which replaces its ``compute`` for the frame's later runs.
+
+Steady state, counted by the tests: no allocation from any provider allocator (the plan's
+block, the frame's ``FrameScratch`` and staging buffers are reused), no array views built, and
+one host synchronisation, at the end, after the outputs were queued for copying.
+
+Graph capture and replay (``graph_capture.GraphCapture``) run on frames of this module too.
 """
 
 from __future__ import annotations
@@ -25,9 +36,20 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Fail, OnnxPlugError
+from ..errors import Fail, InvalidArgument, OnnxPlugError
+from .control_flow import place
 from .kernel import Kernel, KernelContext, KernelInfo
-from .memory import CPU, Allocation, Allocator, Device, DeviceTensor, allocate
+from .memory import (
+    CPU,
+    Allocation,
+    Allocator,
+    Device,
+    DeviceTensor,
+    allocate,
+    allocate_tensor,
+    host_view,
+)
+from .scratch import FrameScratch, enter_scratch, exit_scratch
 
 _ALIGN = 256
 _FOLD_MAX_ELEMENTS = 1 << 16
@@ -47,6 +69,13 @@ NONDETERMINISTIC_OPS = frozenset(
 )
 SHAPE_SOURCE_OPS = frozenset({"Shape", "Size"})
 _SHARED = object()  # memory-plan pool of allocations that more than one stream touches
+_UNSET = object()
+
+# What a run delivers for each graph output (``GraphRunner.run``'s ``fetch``):
+FETCH_HOST = "host"  # a fresh numpy array
+FETCH_DEVICE = "device"  # a value the caller owns, where the graph produced it
+# a numpy array or DeviceTensor instead of a mode: the output is copied into it
+# None: not wanted
 
 
 def assign_offsets(
@@ -113,6 +142,13 @@ class ExecutionPlan:
     )  # step -> [(producer step, ep)]
     transfer: Any = None  # DataTransferManager
     profiler: Any = None
+    # device -> allocator of host memory the device copies to and from asynchronously
+    # (pinned memory): the frames' staging buffers for feeds and outputs
+    staging: dict[Device, Allocator] = field(default_factory=dict)
+    # whether graph outputs live in the static plan (a session's top-level graph, whose run
+    # copies them out); a subgraph's outputs escape to its caller instead
+    plan_outputs: bool = False
+    eps: dict[str, Any] = field(default_factory=dict)  # provider key -> its EP
 
 
 class _Recorder:
@@ -124,6 +160,7 @@ class _Recorder:
         self.streams: list[set[str | None]] = []  # providers whose streams touch each alloc
         self.escaped: set[int] = set()
         self.folded: dict[int, Any] = {}  # outputs of foldable steps, taken before release
+        self.outputs: list[tuple[tuple[int, ...], np.dtype, Device] | None] = []
 
 
 @dataclass
@@ -135,22 +172,51 @@ class SignaturePlan:
     # (step, out index) -> (device, offset, nbytes)
     offsets: dict[tuple[int, int], tuple[Device, int, int]]
     block_sizes: dict[Device, int]
+    # feed index -> (device, offset, shape, dtype): the static buffer a device feed is
+    # copied into
+    feeds: dict[int, tuple[Device, int, tuple[int, ...], np.dtype]] = field(default_factory=dict)
+    # output index -> (shape, dtype, device) of device outputs (for pinned output staging)
+    outputs: list[tuple[tuple[int, ...], np.dtype, Device] | None] = field(default_factory=list)
     frames: list[Frame] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    key: tuple = ()
 
 
 class Frame:
     """The mutable state of one run: values, prepared contexts, streams, planned blocks."""
 
-    __slots__ = ("blocks", "ctxs", "folded", "steps", "streams", "values")
+    __slots__ = (
+        "blocks",
+        "ctxs",
+        "feed_bufs",
+        "folded",
+        "in_stage",
+        "out_stage",
+        "run_options",
+        "scratch",
+        "sig",
+        "specs",
+        "staging",
+        "steps",
+        "streams",
+        "values",
+    )
 
     def __init__(self) -> None:
         self.folded: dict[int, Any] = {}
         self.values: list[Any] = []
         self.steps: list[tuple[Callable[[Any], Any], Any, tuple[int, ...]]] = []
+        self.specs: list[StepSpec | None] = []  # the node of each step (None: a wait, ...)
         self.ctxs: list[KernelContext | None] = []
         self.streams: dict[str, Any] = {}  # provider key -> its stream (None: synchronous)
         self.blocks: dict[Device, Allocation] = {}
+        self.scratch: dict[Device, FrameScratch] = {}
+        self.feed_bufs: list[DeviceTensor | None] = []
+        self.in_stage: list[tuple[DeviceTensor, np.ndarray] | None] = []
+        self.out_stage: list[tuple[DeviceTensor, np.ndarray] | None] = []
+        self.staging: list[Allocation] = []
+        self.sig: SignaturePlan | None = None
+        self.run_options: Any = _UNSET  # what the contexts hold (set once per change)
 
 
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
@@ -160,12 +226,16 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     return n
 
 
-def _tag(t: DeviceTensor, rec: _Recorder) -> int | None:
-    """Index of the allocation of ``rec`` a tensor lives in (None: not recorded by it)."""
+def _root(t: DeviceTensor) -> Any:
     o = t.owner
     while isinstance(o, DeviceTensor):
         o = o.owner
-    tag = getattr(o, "tag", None)
+    return o
+
+
+def _tag(t: DeviceTensor, rec: _Recorder) -> int | None:
+    """Index of the allocation of ``rec`` a tensor lives in (None: not recorded by it)."""
+    tag = getattr(_root(t), "tag", None)
     return tag[1] if tag is not None and tag[0] is rec else None
 
 
@@ -186,21 +256,58 @@ class GraphRunner:
         self._lock = threading.Lock()
         self.profiling = False
         self.profile_events: list[dict[str, Any]] = []
+        self.capture: Any = None  # graph_capture.GraphCapture, when a provider captures
+        self._feed_streams = self._streams_of_feeds()
+        self._output_streams = self._streams_of_outputs()
+        kept = set(plan.constants)
+        self._end_slots = tuple(
+            s for s in dict.fromkeys([*plan.feed_slots, *plan.output_slots]) if s not in kept
+        )
+
+    def _streams_of_feeds(self) -> list[str | None]:
+        """The provider stream each device feed is copied on: the one stream all its readers
+        run on (None: several, or none; the copy is then synchronous)."""
+        plan = self.plan
+        readers: dict[int, set[str | None]] = {s: set() for s in plan.feed_slots}
+        for spec in plan.steps:
+            for s in itertools.chain(spec.in_slots, spec.implicit_slots):
+                if s in readers:
+                    readers[s].add(spec.ep_key)
+        out: list[str | None] = []
+        for s, dev in zip(plan.feed_slots, plan.feed_devices):
+            keys = readers.get(s, set())
+            one = next(iter(keys)) if len(keys) == 1 else None
+            out.append(one if dev is not None and not dev.is_cpu else None)
+        return out
+
+    def _streams_of_outputs(self) -> list[str | None]:
+        producer: dict[int, str | None] = {}
+        for spec in self.plan.steps:
+            for s in spec.out_slots:
+                if s >= 0:
+                    producer[s] = spec.ep_key
+        return [producer.get(s) for s in self.plan.output_slots]
 
     # frames ---------------------------------------------------------------------------------
-    def _make_frame(self, sig: SignaturePlan | None, recorder: _Recorder | None) -> Frame:
+    def _make_frame(
+        self, sig: SignaturePlan | None, recorder: _Recorder | None, bind: bool = True
+    ) -> Frame:
         plan = self.plan
         f = Frame()
+        f.sig = sig
         values: list[Any] = [None] * plan.n_slots
         for s, v in plan.constants.items():
             values[s] = v
         folded: dict[int, Any] = {}
+        for dev, alloc in plan.allocators.items():
+            f.scratch[dev] = FrameScratch(alloc)
         if sig is not None:
             f.folded = folded = sig.folded
             for s, v in folded.items():
                 values[s] = v
             for dev, size in sig.block_sizes.items():
                 f.blocks[dev] = allocate(plan.allocators[dev], size)
+            self._make_io_buffers(f, sig)
         f.values = values
         for key, make in plan.stream_factories.items():
             f.streams[key] = make()
@@ -224,21 +331,22 @@ class GraphRunner:
                 if note is None:
                     continue
                 if stream is None:
-                    f.steps.append((_host_wait, note, ()))
+                    self._add(f, (_host_wait, note, ()), None)
                 else:
-                    f.steps.append((note.wait_on_device, stream, ()))
+                    self._add(f, (note.wait_on_device, stream, ()), None)
             if stream is not None and spec.info.node.subgraphs:
                 # subgraphs run on frames (and streams) of their own and control flow reads
                 # its inputs on the host: the work queued before must be done
-                f.steps.append((_drain, stream, ()))
+                self._add(f, (_drain, stream, ()), None)
             out_alloc = tuple(
                 self._out_allocator(i, j, dev, f, sig, recorder, stream)
                 for j, dev in enumerate(spec.out_devices)
             )
             scratch = None
-            alloc = plan.allocators.get(spec.out_devices[0]) if spec.out_devices else None
-            if alloc is not None:
-                scratch = _scratch_fn(alloc, stream)
+            dev0 = spec.out_devices[0] if spec.out_devices else None
+            cache = f.scratch.get(dev0) if dev0 is not None else None
+            if cache is not None:
+                scratch = _scratch_fn(cache, stream)
             ctx = KernelContext(
                 values,
                 spec.in_slots,
@@ -255,10 +363,48 @@ class GraphRunner:
                 # folded values stay in the frame for the next run on it
                 release = tuple(r for r in pending + spec.release if r not in folded)
                 pending = ()
-            f.steps.append((spec.kernel.compute, ctx, release))
+            call: Callable[[Any], Any] = spec.kernel.compute
+            if bind and recorder is None:
+                call = _binder(f, len(f.steps), spec.kernel, release)
+            self._add(f, (call, ctx, release), spec)
             if i in notes:
-                f.steps.append((_activate, notes[i], ()))
+                self._add(f, (_activate, notes[i], ()), None)
         return f
+
+    @staticmethod
+    def _add(f: Frame, step: tuple, spec: StepSpec | None) -> None:
+        f.steps.append(step)
+        f.specs.append(spec)
+
+    def _make_io_buffers(self, f: Frame, sig: SignaturePlan) -> None:
+        """Static feed buffers (in the planned block) and pinned staging for feeds and
+        outputs."""
+        plan = self.plan
+        n_feeds = len(plan.feed_slots)
+        f.feed_bufs = [None] * n_feeds
+        f.in_stage = [None] * n_feeds
+        for k, (dev, offset, shape, dtype) in sig.feeds.items():
+            block = f.blocks[dev]
+            t = DeviceTensor(dev, dtype, shape, block.ptr + offset, block)
+            t.stable_view = {}
+            f.feed_bufs[k] = t
+            f.in_stage[k] = self._stage_buffer(f, dev, shape, dtype)
+        f.out_stage = [
+            None if meta is None else self._stage_buffer(f, meta[2], meta[0], meta[1])
+            for meta in sig.outputs
+        ]
+
+    def _stage_buffer(
+        self, f: Frame, dev: Device, shape: tuple[int, ...], dtype: np.dtype
+    ) -> tuple[DeviceTensor, np.ndarray] | None:
+        alloc = self.plan.staging.get(dev)
+        nbytes = _nbytes(shape, dtype)
+        if alloc is None or nbytes == 0:
+            return None
+        a = allocate(alloc, nbytes)
+        f.staging.append(a)
+        pinned = alloc.memory_info.device
+        return DeviceTensor(pinned, dtype, shape, a.ptr, a), host_view(a.ptr, shape, dtype, a)
 
     def _out_allocator(
         self,
@@ -272,11 +418,11 @@ class GraphRunner:
     ) -> Callable[[tuple[int, ...], Any], Any]:
         if device.is_cpu:
             return _host_empty
-        allocator = self.plan.allocators[device]
+        scratch = frame.scratch[device]
 
         def dynamic(shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
             dt = np.dtype(dtype)
-            a = allocate(allocator, _nbytes(shape, dt), stream)
+            a = allocate(scratch, _nbytes(shape, dt), stream)
             return DeviceTensor(device, dt, shape, a.ptr, a)
 
         if recorder is not None:
@@ -285,7 +431,7 @@ class GraphRunner:
             def recording(shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
                 dt = np.dtype(dtype)
                 nbytes = _nbytes(shape, dt)
-                a = allocate(allocator, nbytes, stream)
+                a = allocate(scratch, nbytes, stream)
                 if nbytes:
                     a.tag = (recorder, len(recorder.allocs))
                     recorder.allocs.append((step, index, device, nbytes))
@@ -318,6 +464,15 @@ class GraphRunner:
                 return from_plan
         return dynamic
 
+    def _close_frame(self, f: Frame) -> None:
+        """Release what a frame no run will use again: streams it owns, scratch, staging."""
+        _close_streams(f)
+        for cache in f.scratch.values():
+            cache.close()
+        for a in f.staging:
+            a.release()
+        f.staging = []
+
     # signature plans --------------------------------------------------------------------------
     def _signature(self, feeds: list[Any]) -> tuple:
         sig: list[Any] = []
@@ -331,7 +486,7 @@ class GraphRunner:
                 sig.append(type(v).__name__)
         return tuple(sig)
 
-    def _build_signature_plan(self, recorder: _Recorder) -> SignaturePlan:
+    def _build_signature_plan(self, recorder: _Recorder, feeds: list[Any]) -> SignaturePlan:
         plan = self.plan
         folded: dict[int, Any] = {}
         skip: set[int] = set()
@@ -356,7 +511,23 @@ class GraphRunner:
                     folded[s] = o
                 skip.add(i)
         offsets, sizes = self._memory_plan(recorder)
-        return SignaturePlan(folded, frozenset(skip), offsets, sizes)
+        # static buffers for the device feeds, after the planned values in each block
+        feed_bufs: dict[int, tuple[Device, int, tuple[int, ...], np.dtype]] = {}
+        for k, (v, dev) in enumerate(zip(feeds, plan.feed_devices)):
+            if dev is None or dev.is_cpu or dev not in plan.allocators:
+                continue
+            if not isinstance(v, (np.ndarray, DeviceTensor)) or v.dtype == object:
+                continue
+            dt = np.dtype(v.dtype)
+            nbytes = _nbytes(tuple(v.shape), dt)
+            if nbytes == 0:
+                continue
+            base = sizes.get(dev, 0)
+            feed_bufs[k] = (dev, base, tuple(v.shape), dt)
+            sizes[dev] = base + (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        return SignaturePlan(
+            folded, frozenset(skip), offsets, sizes, feed_bufs, list(recorder.outputs)
+        )
 
     def _memory_plan(
         self, rec: _Recorder
@@ -392,34 +563,48 @@ class GraphRunner:
             sizes[dev] = base + total
         return offsets, sizes
 
+    def signature_plan(self, feeds: list[Any]) -> SignaturePlan | None:
+        return self._signatures.get(self._signature(feeds))
+
     # running --------------------------------------------------------------------------------
-    def run(self, feeds: list[Any], run_options: Any = None) -> list[Any]:
+    def run(
+        self, feeds: list[Any], run_options: Any = None, fetch: Sequence[Any] | None = None
+    ) -> list[Any]:
+        """Run with ``feeds`` (in feed order). ``fetch`` says, per graph output, what to
+        deliver (``FETCH_HOST``, ``FETCH_DEVICE``, an array to copy into, or None for an
+        output not wanted); without it the outputs come back as the run left them."""
         key = self._signature(feeds)
         sig = self._signatures.get(key)
         if sig is None:
-            return self._first_run(key, feeds, run_options)
+            return self._first_run(key, feeds, run_options, fetch)
+        capture = self.capture
+        if capture is not None and capture.wants(run_options):
+            return capture.run(sig, feeds, run_options, fetch)
         with sig.lock:
             frame = sig.frames.pop() if sig.frames else None
         if frame is None:
             frame = self._make_frame(sig, None)
         try:
-            return self._execute(frame, feeds, run_options, None)
+            return self._execute(frame, feeds, run_options, None, fetch)
         finally:
             with sig.lock:
                 pooled = len(sig.frames) < _MAX_POOLED_FRAMES
                 if pooled:
                     sig.frames.append(frame)
             if not pooled:
-                _close_streams(frame)
+                self._close_frame(frame)
 
-    def _first_run(self, key: tuple, feeds: list[Any], run_options: Any) -> list[Any]:
+    def _first_run(
+        self, key: tuple, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
+    ) -> list[Any]:
         recorder = _Recorder()
         frame = self._make_frame(None, recorder)
         try:
-            outs = self._execute(frame, feeds, run_options, recorder)
+            outs = self._execute(frame, feeds, run_options, recorder, fetch)
         finally:
-            _close_streams(frame)  # a recording frame is never reused
-        sig = self._build_signature_plan(recorder)
+            self._close_frame(frame)  # a recording frame is never reused
+        sig = self._build_signature_plan(recorder, feeds)
+        sig.key = key
         evicted = None
         with self._lock:
             if key not in self._signatures and len(self._signatures) >= _MAX_SIGNATURES:
@@ -429,43 +614,158 @@ class GraphRunner:
             with evicted.lock:
                 frames, evicted.frames = evicted.frames, []
             for f in frames:
-                _close_streams(f)
+                self._close_frame(f)
+            if self.capture is not None:
+                self.capture.forget_signature(evicted.key)
+        if self.capture is not None:
+            self.capture.count_regular_run(key, run_options)
         return outs
 
     def _execute(
-        self, frame: Frame, feeds: list[Any], run_options: Any, recorder: _Recorder | None
+        self,
+        frame: Frame,
+        feeds: list[Any],
+        run_options: Any,
+        recorder: _Recorder | None,
+        fetch: Sequence[Any] | None,
+        body: Callable[[Frame, Any, list[Any]], None] | None = None,
+        graph_mode: bool = False,
+        extra_clear: Sequence[int] = (),
     ) -> list[Any]:
+        """One run on ``frame``: stage the feeds, run ``body`` (every step, by default),
+        queue the outputs' copies, end the run on every stream (one synchronisation each),
+        deliver the outputs. ``extra_clear``: slots besides feeds and outputs that may still
+        hold a value when the body ends (a replayed graph's exports)."""
         plan = self.plan
         values = frame.values
-        for slot, v in zip(plan.feed_slots, feeds):
-            values[slot] = v
-        for ctx in frame.ctxs:
-            if ctx is not None:
-                ctx.run_options = run_options
-        step: Any = None  # the step running, for error messages
-        where: list[Any] = [None]  # the same, from the recording and profiling loops
+        if frame.run_options is not run_options:
+            frame.run_options = run_options
+            for ctx in frame.ctxs:
+                if ctx is not None:
+                    ctx.run_options = run_options
+        where: list[Any] = [None]  # the step running, for error messages
         failed = True
+        prev = enter_scratch(frame.scratch)
+        pending: list[tuple[int, Any]] = []
         try:
-            if recorder is not None:
+            self._stage_feeds(frame, feeds, graph_mode)
+            if body is not None:
+                body(frame, run_options, where)
+            elif recorder is not None:
                 self._execute_recording(frame, recorder, where)
             elif self.profiling:
-                self._execute_profiled(frame, where)
+                self._execute_profiled(frame, where, run_options)
             else:
-                for step in frame.steps:
-                    step[0](step[1])
-                    for r in step[2]:
-                        values[r] = None
+                _run_steps(frame.steps, values, where, run_options)
+            where[0] = None
             outs = [values[s] for s in plan.output_slots]
+            if fetch is not None:
+                pending = self._queue_outputs(frame, outs, fetch)
             failed = False
         except Exception as e:
-            error = _run_error(where[0] if where[0] is not None else step, e)
+            error = _run_error(where[0], e)
             if error is e:
                 raise
             raise error from e
         finally:
-            self._clear(frame)
+            exit_scratch(prev)
+            if failed:
+                self._clear(frame)
+            else:
+                # a completed run released every value at its last reader: what is left is
+                # the feeds, the outputs, and what the body names
+                for s in itertools.chain(self._end_slots, extra_clear):
+                    values[s] = None
             _end_run(frame, failed)
+        for i, done in pending:
+            outs[i] = done()
         return outs
+
+    def _stage_feeds(self, frame: Frame, feeds: list[Any], graph_mode: bool) -> None:
+        """Put each feed where its readers want it: device feeds are copied into the frame's
+        static buffer (through pinned staging, asynchronously on the readers' stream). A feed
+        already on the device is used in place, unless a captured graph reads the buffer."""
+        plan = self.plan
+        values = frame.values
+        bufs = frame.feed_bufs
+        for k, (slot, dev) in enumerate(zip(plan.feed_slots, plan.feed_devices)):
+            v = feeds[k]
+            if dev is None or v is None or dev.is_cpu:
+                values[slot] = v if not isinstance(v, DeviceTensor) else _to_host(v, plan)
+                continue
+            key = self._feed_streams[k]
+            stream = frame.streams.get(key) if key is not None else None
+            buf = bufs[k] if bufs else None
+            if isinstance(v, DeviceTensor) and v.device == dev:
+                if buf is not None and graph_mode and v is not buf and v.shape == buf.shape:
+                    plan.transfer.copy(v, buf, stream)
+                    values[slot] = buf
+                else:
+                    values[slot] = v
+                continue
+            if (
+                buf is not None
+                and isinstance(v, np.ndarray)
+                and v.shape == buf.shape
+                and v.dtype == buf.dtype
+            ):
+                stage = frame.in_stage[k]
+                if stage is not None:
+                    np.copyto(stage[1], v)
+                    plan.transfer.copy(stage[0], buf, stream)
+                else:
+                    src = v if v.flags.c_contiguous else np.ascontiguousarray(v)
+                    plan.transfer.copy(src, buf, stream)
+                values[slot] = buf
+                continue
+            values[slot] = place(v, dev, plan.transfer, plan.allocators, stream)
+
+    def _queue_outputs(
+        self, frame: Frame, outs: list[Any], fetch: Sequence[Any]
+    ) -> list[tuple[int, Any]]:
+        """Queue what each output needs before the run's synchronisation; returns, for the
+        outputs that need work after it, the calls that finish them."""
+        plan = self.plan
+        pending: list[tuple[int, Any]] = []
+        for i, mode in enumerate(fetch):
+            v = outs[i]
+            if mode is None:
+                outs[i] = None
+                continue
+            key = self._output_streams[i]
+            stream = frame.streams.get(key) if key is not None else None
+            if mode == FETCH_HOST:
+                if not isinstance(v, DeviceTensor):
+                    continue
+                st = frame.out_stage[i] if frame.out_stage else None
+                if st is not None and st[0].shape == v.shape and st[0].dtype == v.dtype:
+                    plan.transfer.copy(v, st[0], stream)
+                    pending.append((i, st[1].copy))
+                else:
+                    pending.append((i, lambda v=v: _to_host(v, plan)))
+            elif mode == FETCH_DEVICE:
+                if isinstance(v, DeviceTensor) and _root(v) in frame.blocks.values():
+                    # a planned output is the frame's memory: the caller gets its own copy
+                    dst = allocate_tensor(plan.allocators[v.device], v.shape, v.dtype, stream)
+                    plan.transfer.copy(v, dst, stream)
+                    outs[i] = dst
+            else:  # a destination to copy into (an IOBinding's bound value)
+                got = (tuple(getattr(v, "shape", ())), getattr(v, "dtype", None))
+                if got != (tuple(mode.shape), mode.dtype):
+                    name = plan.slot_names[plan.output_slots[i]]
+                    raise InvalidArgument(
+                        f"output '{name}' is {got[1]}{list(got[0])} but the bound value is "
+                        f"{mode.dtype}{list(mode.shape)}"
+                    )
+                if isinstance(mode, DeviceTensor) or isinstance(v, DeviceTensor):
+                    if isinstance(mode, np.ndarray) and not mode.flags.c_contiguous:
+                        pending.append((i, lambda v=v, d=mode: _copy_later(v, d, plan)))
+                        continue
+                    plan.transfer.copy(v, mode, stream)
+                else:
+                    np.copyto(mode, v)
+                outs[i] = mode
+        return pending
 
     def _clear(self, frame: Frame) -> None:
         values = frame.values
@@ -523,14 +823,27 @@ class GraphRunner:
                     rec.escaped.update(_tags(v, rec))
             for r in spec.release:
                 values[r] = None
-        # outputs that are views of recorded blocks escape the run
+        n_steps = len(plan.steps)
         for s in plan.output_slots:
-            rec.escaped.update(_tags(values[s], rec))
+            v = values[s]
+            rec.outputs.append(
+                (v.shape, v.dtype, v.device) if isinstance(v, DeviceTensor) else None
+            )
+            for k in _tags(v, rec):
+                if plan.plan_outputs:
+                    # the run copies its outputs out at the end: they live in the plan
+                    # (copied on the producer's stream, so it stays in that stream's pool)
+                    rec.escaped.discard(k)
+                    rec.last_use[k] = n_steps
+                else:
+                    rec.escaped.add(k)  # a subgraph's outputs outlive its run
 
-    def _execute_profiled(self, frame: Frame, where: list[Any]) -> None:
+    def _execute_profiled(self, frame: Frame, where: list[Any], run_options: Any) -> None:
         values = frame.values
         for step in frame.steps:
             where[0] = step
+            if run_options is not None and run_options.terminate:
+                raise Fail("Exiting due to terminate flag being set to true.")
             t0 = time.perf_counter_ns()
             step[0](step[1])
             t1 = time.perf_counter_ns()
@@ -557,6 +870,64 @@ class GraphRunner:
             }
         )
 
+    def close(self) -> None:
+        """Release every pooled frame (the session is closing or its providers change)."""
+        with self._lock:
+            sigs, self._signatures = list(self._signatures.values()), {}
+        for sig in sigs:
+            with sig.lock:
+                frames, sig.frames = sig.frames, []
+            for f in frames:
+                self._close_frame(f)
+        if self.capture is not None:
+            self.capture.release_all()
+
+    def shrink(self) -> None:
+        """Give back the free blocks of every pooled frame's scratch cache."""
+        with self._lock:
+            sigs = list(self._signatures.values())
+        for sig in sigs:
+            with sig.lock:
+                frames = list(sig.frames)
+            for f in frames:
+                for cache in f.scratch.values():
+                    cache.release_free()
+
+
+def _run_steps(
+    steps: Sequence[tuple[Callable[[Any], Any], Any, tuple[int, ...]]],
+    values: list[Any],
+    where: list[Any],
+    run_options: Any,
+) -> None:
+    """The hot loop: call each step and release the values it read last."""
+    if run_options is None:
+        for step in steps:
+            where[0] = step
+            step[0](step[1])
+            for r in step[2]:
+                values[r] = None
+        return
+    for step in steps:
+        if run_options.terminate:  # set from another thread: stop between nodes
+            where[0] = None
+            raise Fail("Exiting due to terminate flag being set to true.")
+        where[0] = step
+        step[0](step[1])
+        for r in step[2]:
+            values[r] = None
+
+
+def _binder(frame: Frame, index: int, kernel: Kernel, release: tuple[int, ...]) -> Any:
+    """The first call of a step on a frame: the kernel's prepare phase (``bind``), whose
+    launcher (or ``compute``) then replaces the step for the frame's later runs."""
+
+    def first(ctx: KernelContext) -> None:
+        launcher = kernel.bind(ctx)
+        frame.steps[index] = (launcher or kernel.compute, ctx, release)
+
+    return first
+
 
 def _node_message(info: KernelInfo, msg: str) -> str:
     if msg.startswith("Non-zero status code returned while running"):
@@ -567,9 +938,14 @@ def _node_message(info: KernelInfo, msg: str) -> str:
     )
 
 
+def step_info(step: Any) -> KernelInfo | None:
+    """The node a step runs (None for waits, drains and the like)."""
+    return step[1].info if isinstance(step, tuple) and isinstance(step[1], KernelContext) else None
+
+
 def _run_error(step: Any, e: Exception) -> Exception:
     """The error a run raises for ``e``, naming the node of ``step`` when it was a kernel."""
-    info = step[1].info if isinstance(step, tuple) and isinstance(step[1], KernelContext) else None
+    info = step_info(step)
     if isinstance(e, OnnxPlugError):
         return type(e)(_node_message(info, e.message)) if info is not None else e
     if info is None:
@@ -596,10 +972,20 @@ def _end_run(frame: Frame, failed: bool) -> None:
 
 
 def _close_streams(frame: Frame) -> None:
-    """Release the streams of a frame no run will use again."""
+    """Release the streams of a frame no run will use again (not the ones a provider shares
+    between frames: a unified stream, a user's stream)."""
     for stream in frame.streams.values():
-        if stream is not None:
+        if stream is not None and getattr(stream, "frame_owned", True):
             stream.close()
+
+
+def _to_host(v: DeviceTensor, plan: ExecutionPlan) -> np.ndarray:
+    return place(v, CPU, plan.transfer, {})
+
+
+def _copy_later(v: Any, dst: np.ndarray, plan: ExecutionPlan) -> np.ndarray:
+    np.copyto(dst, _to_host(v, plan) if isinstance(v, DeviceTensor) else v)
+    return dst
 
 
 def _host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -625,4 +1011,12 @@ def _scratch_fn(allocator: Allocator, stream: Any) -> Callable[[int], Allocation
     return scratch
 
 
-__all__ = ["CPU", "ExecutionPlan", "GraphRunner", "StepSpec", "assign_offsets"]
+__all__ = [
+    "CPU",
+    "FETCH_DEVICE",
+    "FETCH_HOST",
+    "ExecutionPlan",
+    "GraphRunner",
+    "StepSpec",
+    "assign_offsets",
+]

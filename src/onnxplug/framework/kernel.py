@@ -273,13 +273,31 @@ class KernelInfo:
 
 
 class Kernel:
-    """Base class of all kernels. Subclasses implement ``compute``."""
+    """Base class of all kernels. Subclasses implement ``compute``, and may implement
+    ``bind`` (the prepare phase) to make a frame's later runs cheaper."""
+
+    #: False when the kernel cannot be captured in a device graph: it synchronises with the
+    #: host, reads device data on the host, or launches work whose parameters change per run
+    #: in ways the executor cannot see. Such nodes run eagerly between captured segments.
+    graph_capturable = True
 
     def __init__(self, info: KernelInfo):
         self.info = info
 
     def compute(self, ctx: KernelContext) -> None:
         raise NotImplementedError(f"{type(self).__name__}.compute")
+
+    def bind(self, ctx: KernelContext) -> Callable[[KernelContext], None] | None:
+        """The prepare phase, called on a frame's first run instead of ``compute``: run the
+        node and return the call that runs it on the frame's later runs, with what can be
+        fixed bound once (pointers, shapes, launch parameters, descriptors), or None to keep
+        calling ``compute``.
+
+        The executor hands out the same tensor objects for a frame's planned values every
+        run, so a launcher checks that its inputs are the objects it bound (``is``) and falls
+        back to ``compute`` when one is not."""
+        self.compute(ctx)
+        return None
 
 
 class KernelContext:
@@ -321,6 +339,19 @@ class KernelContext:
         self._scratch = scratch
         self.stream = stream
         self.run_options: Any = None
+
+    @property
+    def values(self) -> list[Any]:
+        """The frame's value list (what ``in_slots``/``out_slots`` index)."""
+        return self._values
+
+    @property
+    def in_slots(self) -> tuple[int, ...]:
+        return self._in
+
+    @property
+    def out_slots(self) -> tuple[int, ...]:
+        return self._out
 
     # inputs -----------------------------------------------------------------------------
     def input(self, index: int) -> Any:

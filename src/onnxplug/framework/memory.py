@@ -173,11 +173,26 @@ class DeviceTensor:
         return _numel(self.shape) * self.dtype.itemsize
 
     def view(self, shape: tuple[int, ...], dtype: Any = None) -> DeviceTensor:
-        """Same memory, another shape (and optionally another dtype of the same size)."""
+        """Same memory, another shape (and optionally another dtype of the same size).
+
+        A view of a stable tensor (one the executor hands out every run) is itself stable:
+        it is made once and returned again, so a chain of Reshapes builds nothing per run."""
+        shape = tuple(shape)
+        cache = self.stable_view
+        if cache is not None:
+            key = (shape, dtype)
+            v = cache.get(key)
+            if v is None:
+                v = cache[key] = self._view(shape, dtype)
+                v.stable_view = {}
+            return v
+        return self._view(shape, dtype)
+
+    def _view(self, shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
         dt = self.dtype if dtype is None else np.dtype(dtype)
-        if _numel(tuple(shape)) * dt.itemsize != self.nbytes:
-            raise ValueError(f"cannot view {self.shape} {self.dtype} as {tuple(shape)} {dt}")
-        return DeviceTensor(self.device, dt, tuple(shape), self.ptr, self)
+        if _numel(shape) * dt.itemsize != self.nbytes:
+            raise ValueError(f"cannot view {self.shape} {self.dtype} as {shape} {dt}")
+        return DeviceTensor(self.device, dt, shape, self.ptr, self)
 
     def host_array(self) -> np.ndarray:
         """A numpy view of the memory; only for host-accessible devices."""

@@ -22,9 +22,11 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
-from ..ep.api import Ep, EpDevice, SessionConfig
+from ..ep.api import Ep, EpDevice, SessionConfig, supports
 from ..errors import Fail, InvalidArgument, InvalidGraph, OnnxPlugError
 from ..framework.control_flow import place
+from ..framework.executor import FETCH_DEVICE, FETCH_HOST
+from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
 from ..framework.memory import CPU, Device, DeviceTensor
 from ..ir.graph import Graph, graph_from_model
 from ..ir.model import load_model_proto
@@ -280,8 +282,22 @@ class InferenceSession:
         self._output_names = [vi.name for vi in self._outputs]
         self._output_index = {n: i for i, n in enumerate(self._output_names)}
         self._assignment = ctx.records
-        self._runner.profiling = bool(self._sess_options.enable_profiling)
-        self._allocators = self._runner.plan.allocators
+        runner = self._runner
+        runner.plan.plan_outputs = True  # run() copies the outputs out: they live in the plan
+        runner.profiling = bool(self._sess_options.enable_profiling)
+        self._allocators = runner.plan.allocators
+        capturing = {
+            ep.name: ep
+            for ep in self._eps
+            if supports(getattr(ep.factory, "api_version", 1), "graph_capture")
+            and ep.is_graph_capture_enabled()
+        }
+        if capturing:
+            runner.capture = GraphCapture(runner, capturing, self._graph_cache_size())
+        # onnxruntime serialises the runs of a session whose providers cannot run
+        # concurrently (a unified stream, a user's stream)
+        serial = not all(ep.is_concurrent_run_supported() for ep in self._eps)
+        self._run_lock: threading.Lock | None = threading.Lock() if serial else None
         self._input_checks = [_TensorCheck.of(vi.name, vi.type) for vi in self._feed_vis]
         # overridable initializers' stored values, placed once where the runner wants them
         self._default_feeds: dict[int, Any] = {}
@@ -289,6 +305,20 @@ class InferenceSession:
             i = self._feed_index[name]
             dev = self._feed_devices[i] if i < len(self._feed_devices) else None
             self._default_feeds[i] = place(value, dev, self._env.transfer, self._allocators)
+
+    def _graph_cache_size(self) -> int:
+        key = "session.graph_capture_cache_size"
+        raw = self._sess_options._config.get(key, str(DEFAULT_CACHE_SIZE))
+        try:
+            n = int(raw)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise InvalidArgument(
+                f"session config entry '{key}' must be a positive integer (captured graphs "
+                f"kept per thread), not {raw!r}"
+            )
+        return n
 
     # introspection ------------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -333,6 +363,7 @@ class InferenceSession:
         providers: list[Any] | None = None,
         provider_options: list[dict[str, Any]] | None = None,
     ) -> None:
+        self._runner.close()
         for ep in self._eps:
             ep.release()
         self._eps = self._create_eps(providers, provider_options)
@@ -367,12 +398,11 @@ class InferenceSession:
             raise InvalidArgument(
                 f"Required inputs ({missing}) are missing from input feed ({list(input_feed)})"
             )
-        for i, dev in enumerate(self._feed_devices[:n]):
-            v = feeds[i]
-            if not seen[i] and i in self._default_feeds:
+        for i in self._default_feeds:
+            if not seen[i]:
                 feeds[i] = self._default_feeds[i]
-            elif dev is not None and v is not None:
-                feeds[i] = place(v, dev, self._env.transfer, self._allocators)
+        # the runner places each feed where its readers want it (staged into the plan's
+        # buffers, asynchronously)
         return feeds
 
     def _output_indices(self, output_names: list[str] | None) -> list[int]:
@@ -388,18 +418,35 @@ class InferenceSession:
             idx.append(i)
         return idx
 
-    def _run_values(self, feeds: list[Any], run_options: RunOptions | None) -> list[Any]:
+    def _run_values(
+        self, feeds: list[Any], run_options: RunOptions | None, fetch: list[Any]
+    ) -> list[Any]:
+        """One run; ``fetch`` says per graph output what to deliver (see the executor)."""
         if run_options is not None and run_options.terminate:
             raise Fail("Exiting due to terminate flag being set to true.")
+        lock = self._run_lock
+        if lock is not None:
+            with lock:
+                return self._run_locked(feeds, run_options, fetch)
+        return self._run_locked(feeds, run_options, fetch)
+
+    def _run_locked(
+        self, feeds: list[Any], run_options: RunOptions | None, fetch: list[Any]
+    ) -> list[Any]:
         eps = self._eps
         for ep in eps:
             ep.on_run_start(run_options)
         try:
-            outs = self._runner.run(feeds, run_options)
+            return self._runner.run(feeds, run_options, fetch)
         finally:
             for ep in eps:
                 ep.on_run_end(run_options, True)
-        return outs
+
+    def _fetch(self, idx: list[int], mode: Any) -> list[Any]:
+        fetch: list[Any] = [None] * len(self._output_names)
+        for i in idx:
+            fetch[i] = mode
+        return fetch
 
     def run(
         self,
@@ -410,7 +457,7 @@ class InferenceSession:
         """Run the model: numpy (or OrtValue) inputs by name, numpy outputs in order."""
         idx = self._output_indices(output_names)
         feeds = self._prepare_feeds(input_feed)
-        outs = self._run_values(feeds, run_options)
+        outs = self._run_values(feeds, run_options, self._fetch(idx, FETCH_HOST))
         return [_writable(to_numpy(outs[i])) for i in idx]
 
     def run_with_ort_values(
@@ -421,7 +468,7 @@ class InferenceSession:
     ) -> list[OrtValue]:
         idx = self._output_indices(output_names)
         feeds = self._prepare_feeds(input_dict_ort_values)
-        outs = self._run_values(feeds, run_options)
+        outs = self._run_values(feeds, run_options, self._fetch(idx, FETCH_DEVICE))
         return [OrtValue(outs[i]) for i in idx]
 
     def run_with_ortvaluevector(
@@ -464,6 +511,21 @@ class InferenceSession:
 
     def run_with_iobinding(self, iobinding: Any, run_options: RunOptions | None = None) -> None:
         iobinding._run(run_options)
+
+    # graph capture --------------------------------------------------------------------------
+    def release_captured_graph(self, graph_annotation_id: int) -> None:
+        """Release the captured graphs of an annotation id (``gpu_graph_id``), on every
+        thread; the next run with that id warms up and captures again."""
+        capture = self._runner.capture
+        if capture is None:
+            raise InvalidArgument(
+                "release_captured_graph: no provider of this session captures graphs "
+                "(enable it with the provider option enable_cuda_graph=1)"
+            )
+        if capture.release(int(graph_annotation_id)) == 0:
+            raise InvalidArgument(
+                f"release_captured_graph: no captured graph has annotation id {graph_annotation_id}"
+            )
 
     # profiling ----------------------------------------------------------------------------------
     def end_profiling(self) -> str:

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from ..framework.control_flow import place
+from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.memory import CPU, DeviceTensor
 from ..framework.stream import device_of
 from .value import OrtValue, _as_dtype, to_numpy, unwrap
@@ -119,30 +120,27 @@ class IOBinding:
     def _run(self, run_options: Any) -> None:
         sess = self._session
         feeds = sess._prepare_feeds(self._inputs)
-        outs = sess._run_values(feeds, run_options)
         names = list(self._outputs) or sess._output_names
-        env = sess._env
+        fetch: list[Any] = [None] * len(sess._output_names)
+        for name in names:
+            target = self._outputs.get(name)
+            i = sess._output_index[name]
+            if isinstance(target, OrtValue):
+                fetch[i] = unwrap(target)  # the run copies the output into the bound value
+            elif target is not None and target.is_cpu:
+                fetch[i] = FETCH_HOST
+            else:
+                fetch[i] = FETCH_DEVICE
+        outs = sess._run_values(feeds, run_options, fetch)
         results: list[OrtValue] = []
         for name in names:
             v = outs[sess._output_index[name]]
             target = self._outputs.get(name)
             if isinstance(target, OrtValue):
-                dst = unwrap(target)
-                src_shape = tuple(getattr(v, "shape", ()))
-                if tuple(dst.shape) != src_shape or dst.dtype != v.dtype:
-                    raise InvalidArgument(
-                        f"output '{name}' is {v.dtype}{list(src_shape)} but the bound value is "
-                        f"{dst.dtype}{list(dst.shape)}"
-                    )
-                if dst is not v:
-                    env.transfer_for(
-                        device_of(dst) if not device_of(dst).is_cpu else device_of(v)
-                    ).copy(v, dst)
                 results.append(target)
-            elif target is not None:
-                results.append(
-                    OrtValue(place(v, target, env.transfer, sess._allocators_for(target)))
-                )
+            elif target is not None and not isinstance(v, list) and device_of(v) != target:
+                allocs = sess._allocators_for(target)
+                results.append(OrtValue(place(v, target, sess._env.transfer, allocs)))
             else:
                 results.append(OrtValue(v))
         self._results = results
