@@ -6,8 +6,15 @@ host-provided control-flow kernels (If/Loop/Scan) and the errors.
 """
 
 from .. import errors
-from ..errors import EPFail, Fail, InvalidArgument, InvalidGraph, NotImplemented
-from ..framework import shapes
+from ..errors import (
+    EPFail,
+    Fail,
+    GraphCaptureViolation,
+    InvalidArgument,
+    InvalidGraph,
+    NotImplemented,
+)
+from ..framework import counters, shapes
 from ..framework.control_flow import IfKernel, LoopKernel, ScanKernel
 from ..framework.kernel import (
     Kernel,
@@ -34,6 +41,7 @@ from ..framework.memory import (
     copy_host_bytes,
     host_view,
 )
+from ..framework.scratch import FrameScratch, current_scratch
 from ..framework.stream import DataTransfer, SyncNotification, SyncStream, device_of
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype, tensor_type_str
 from .api import (
@@ -66,6 +74,8 @@ __all__ = [
     "EpDevice",
     "EpFactory",
     "Fail",
+    "FrameScratch",
+    "GraphCaptureViolation",
     "GraphView",
     "HardwareDevice",
     "HostAllocator",
@@ -89,6 +99,8 @@ __all__ = [
     "allocate",
     "allocate_tensor",
     "copy_host_bytes",
+    "counters",
+    "current_scratch",
     "device_of",
     "dtypes",
     "elem_type_name",

@@ -184,17 +184,43 @@ class Ep(ABC):
         """Called after each run's kernels."""
 
     # graph capture (safe defaults: capture disabled) -----------------------------------------
+    # The host's runner drives warm-up, capture and replay (framework/graph_capture.py, as
+    # onnxruntime's session does); the provider records and replays work on its streams.
+    # Capture is per *segment*: the runner may capture several graphs in one run (the
+    # maximal capturable stretches of a model that also has host nodes).
     def is_graph_capture_enabled(self) -> bool:
         return False
+
+    def graph_capture_warmup_runs(self) -> int:
+        """Regular runs of an annotation id before it is captured (onnxruntime's
+        ``min_num_runs_before_cuda_graph_capture``)."""
+        return 2
+
+    def begin_graph_capture(self, stream: SyncStream) -> None:
+        """Start recording the work queued on ``stream`` (a stream of this provider)."""
+        raise RuntimeError(f"{self.name} does not capture graphs")
+
+    def end_graph_capture(self, stream: SyncStream, graph_id: int) -> None:
+        """Stop recording and keep what was recorded as graph ``graph_id`` (which must not be
+        in use); the recorded work has not run."""
+        raise RuntimeError(f"{self.name} does not capture graphs")
+
+    def abort_graph_capture(self, stream: SyncStream) -> None:
+        """Stop recording and discard it (after an error); the stream is usable again."""
 
     def is_graph_captured(self, graph_annotation_id: int) -> bool:
         return False
 
     def replay_graph(self, graph_annotation_id: int) -> None:
+        """Launch a captured graph on the stream it was captured on."""
         raise RuntimeError(f"{self.name} does not capture graphs")
 
+    def release_graph(self, graph_annotation_id: int) -> None:
+        """Free a captured graph."""
+
     def graph_capture_node_assignment_policy(self) -> str:
-        """'ALL_NODES_ON_EP' or 'ALLOW_CPU_FOR_SHAPES'."""
+        """'ALL_NODES_ON_EP' or 'ALLOW_CPU_FOR_SHAPES' (onnxruntime's policy; onnxplug
+        captures piecewise, so host nodes only split the capture)."""
         return "ALL_NODES_ON_EP"
 
     # introspection -----------------------------------------------------------------------------

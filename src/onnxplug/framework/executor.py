@@ -575,9 +575,15 @@ class GraphRunner:
         output not wanted); without it the outputs come back as the run left them."""
         key = self._signature(feeds)
         sig = self._signatures.get(key)
-        if sig is None:
-            return self._first_run(key, feeds, run_options, fetch)
         capture = self.capture
+        if sig is None:
+            outs = self._first_run(key, feeds, run_options, fetch)
+            if capture is None or not capture.wants(run_options):
+                return outs
+            # as in onnxruntime, one run() goes on through the warm-up to the capture
+            sig = self._signatures.get(key)
+            if sig is None:
+                return outs
         if capture is not None and capture.wants(run_options):
             return capture.run(sig, feeds, run_options, fetch)
         with sig.lock:

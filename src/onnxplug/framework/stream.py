@@ -37,6 +37,12 @@ class SyncStream(ABC):
     """An ordered queue of work on one device."""
 
     device: Device
+    #: False for a stream the provider shares between frames (its unified stream, a user's
+    #: stream): the executor never closes it.
+    frame_owned: bool = True
+    #: True while the stream records a graph (set by the provider's begin/end capture);
+    #: providers refuse host synchronisation on such a stream.
+    capturing: bool = False
 
     def __init__(self, device: Device):
         self.device = device

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ep.api import Ep, GraphView
-from ..errors import Fail, InvalidGraph, NotImplemented
+from ..errors import Fail, InvalidGraph, NotImplemented, OnnxPlugError
 from ..framework.control_flow import SubgraphRunner, place
 from ..framework.copy_kernels import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, CopyKernel
 from ..framework.executor import (
@@ -426,6 +426,16 @@ def build_runner(
             if (p, pk) not in waits.get(i, []):
                 waits.setdefault(i, []).append((p, pk))
 
+    # pinned (host-accessible) memory of each device provider: the frames' staging buffers
+    staging: dict[Device, Any] = {}
+    for ep in ctx.eps:
+        hm = ep.ep_device.host_accessible_memory_info if ep.ep_device is not None else None
+        if ep.device.is_cpu or hm is None or ep.device in staging:
+            continue
+        try:
+            staging[ep.device] = ctx.allocator_for(ep, hm.device)
+        except OnnxPlugError:
+            pass  # no allocator for it: feeds and outputs are copied without staging
     plan = ExecutionPlan(
         name=graph.name,
         n_slots=len(slot_names),
@@ -439,6 +449,8 @@ def build_runner(
         stream_factories=stream_factories,
         waits=waits,
         transfer=ctx.transfer,
+        staging=staging,
+        eps={ep.name: ep for ep in ctx.eps if not ep.device.is_cpu},
     )
     for spec in specs:
         ctx.records.append(

@@ -12,6 +12,7 @@ from onnxplug.ep import (
     EpFactory,
     GraphView,
     HardwareDevice,
+    InvalidArgument,
     KernelRegistry,
     MemoryInfo,
     SessionConfig,
@@ -24,15 +25,17 @@ from .stream import Stats, VirtDataTransfer, VirtStream
 NAME = "VirtualDeviceExecutionProvider"
 VENDOR = "onnxplug-tests"
 VENDOR_ID = 0xF0F0
-STREAM_MODES = ("deferred", "none")
+STREAM_MODES = ("deferred", "none", "unified")
 
 
 class VirtualDeviceEp(Ep):
     """One session's virtual-device provider.
 
     Provider options: ``ops`` (comma-separated op types it may claim; default: every op it
-    has a kernel for) and ``streams`` (``deferred``: queued streams, the default; ``none``:
-    no stream, kernels run synchronously).
+    has a kernel for), ``streams`` (``deferred``: a queued stream per frame, the default;
+    ``none``: no stream, kernels run synchronously; ``unified``: one queued stream for every
+    run, which the provider owns), ``enable_graph`` (``1``: capture and replay graphs of the
+    queued work, like CUDA graphs) and ``graph_warmup_runs`` (default 2).
     """
 
     def __init__(self, factory: VirtualDeviceFactory, ep_device: EpDevice, config: SessionConfig):
@@ -46,6 +49,10 @@ class VirtualDeviceEp(Ep):
         self.stream_mode = self.options.get("streams", "deferred")
         if self.stream_mode not in STREAM_MODES:
             raise ValueError(f"streams must be one of {STREAM_MODES}, got '{self.stream_mode}'")
+        self.enable_graph = self.options.get("enable_graph", "0") == "1"
+        self.warmup_runs = int(self.options.get("graph_warmup_runs", "2"))
+        self._graphs: dict[int, tuple[VirtStream, list]] = {}
+        self._unified: VirtStream | None = None
         factory.eps_created += 1
         factory.last_config = config
 
@@ -61,7 +68,61 @@ class VirtualDeviceEp(Ep):
     def create_sync_stream(self) -> VirtStream | None:
         if self.stream_mode == "none":
             return None
+        if self.stream_mode == "unified":
+            if self._unified is None:
+                self._unified = VirtStream(self.device, self.stats)
+                self._unified.frame_owned = False
+            return self._unified
         return VirtStream(self.device, self.stats)
+
+    def is_concurrent_run_supported(self) -> bool:
+        return self.stream_mode != "unified"
+
+    # graph capture --------------------------------------------------------------------------
+    def is_graph_capture_enabled(self) -> bool:
+        return self.enable_graph and self.stream_mode != "none"
+
+    def graph_capture_warmup_runs(self) -> int:
+        return self.warmup_runs
+
+    def begin_graph_capture(self, stream: VirtStream) -> None:
+        self.stats.add("capture_begin")
+        stream.begin_recording()
+
+    def end_graph_capture(self, stream: VirtStream, graph_id: int) -> None:
+        recorded = stream.end_recording()
+        if graph_id in self._graphs:
+            raise ValueError(f"graph annotation id {graph_id} is already in use")
+        self._graphs[graph_id] = (stream, recorded)
+        self.stats.add("captured_graphs")
+
+    def abort_graph_capture(self, stream: VirtStream) -> None:
+        stream.end_recording()
+        self.stats.add("capture_aborted")
+
+    def is_graph_captured(self, graph_annotation_id: int) -> bool:
+        return graph_annotation_id in self._graphs
+
+    def replay_graph(self, graph_annotation_id: int) -> None:
+        try:
+            stream, recorded = self._graphs[graph_annotation_id]
+        except KeyError:
+            raise InvalidArgument(
+                f"graph replay error: graph not found for id {graph_annotation_id}"
+            ) from None
+        self.stats.add("replays")
+        for fn in recorded:
+            stream.enqueue(fn)
+
+    def release_graph(self, graph_annotation_id: int) -> None:
+        if self._graphs.pop(graph_annotation_id, None) is not None:
+            self.stats.add("graphs_released")
+
+    def release(self) -> None:
+        self._graphs.clear()
+        if self._unified is not None:
+            self._unified.close()
+            self._unified = None
 
     def get_provider_options(self) -> dict[str, str]:
         return {"device_id": str(self.device.id), "streams": self.stream_mode, **self.options}

@@ -15,7 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from onnxplug.ep import DataTransfer, Device, DeviceTensor, SyncNotification, SyncStream
+from onnxplug.ep import (
+    DataTransfer,
+    Device,
+    DeviceTensor,
+    GraphCaptureViolation,
+    SyncNotification,
+    SyncStream,
+)
 
 
 class Stats:
@@ -58,6 +65,7 @@ class VirtStream(SyncStream):
         # stream for work it has already done.
         self._run_lock = threading.RLock()
         self.closed = False
+        self._recording: list[Callable[[], None]] | None = None  # a graph being captured
         stats.add("streams")
 
     @property
@@ -71,6 +79,10 @@ class VirtStream(SyncStream):
     def enqueue(self, fn: Callable[[], None]) -> int:
         if self.closed:
             raise RuntimeError("work queued on a closed stream")
+        if self._recording is not None:  # captured, not run (like a CUDA graph capture)
+            self._recording.append(fn)
+            self.stats.add("captured_ops")
+            return self._enqueued
         with self._run_lock:
             self._enqueued += 1
             self._queue.append((self._enqueued, fn))
@@ -91,8 +103,22 @@ class VirtStream(SyncStream):
                     raise
 
     def flush(self) -> None:
+        if self._recording is not None:
+            raise GraphCaptureViolation("a host synchronisation on a stream capturing a graph")
         self.stats.add("flushes")
         self.run_until(self._enqueued)
+
+    # graph capture: what is queued while recording becomes a replayable list ----------------
+    def begin_recording(self) -> None:
+        if self._recording is not None:
+            raise RuntimeError("the stream is already capturing a graph")
+        self._recording = []
+        self.capturing = True
+
+    def end_recording(self) -> list[Callable[[], None]]:
+        recorded, self._recording = self._recording or [], None
+        self.capturing = False
+        return recorded
 
     def close(self) -> None:
         if not self.closed:
@@ -114,6 +140,8 @@ class VirtNotification(SyncNotification):
         self.sync_id = 0
 
     def activate(self) -> None:
+        if self.stream.capturing:
+            raise GraphCaptureViolation("a notification recorded while capturing a graph")
         self.seq = self.stream.enqueued
         self.sync_id = self.stream.next_sync_id()
         self.stream.stats.add("activations")
