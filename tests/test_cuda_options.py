@@ -136,8 +136,12 @@ def test_user_stream_forces_unified_stream_and_allows_stream_zero():
         parse_options({P + "has_user_compute_stream": "1"}, NAME)
 
 
-def test_cuda_graph_forces_unified_stream():
-    assert parse_options({P + "enable_cuda_graph": "1"}, NAME).unified_stream
+def test_cuda_graph_keeps_a_stream_per_run_frame():
+    # onnxruntime's plugin EP: graph mode captures on a per-thread stream, not one EP stream
+    # (its in-tree EP forced a unified stream); concurrent runs stay possible
+    o = parse_options({P + "enable_cuda_graph": "1"}, NAME)
+    assert o.enable_cuda_graph and not o.unified_stream
+    assert parse_options({P + "use_ep_level_unified_stream": "1"}, NAME).unified_stream
     assert not parse_options({}, NAME).unified_stream
 
 

@@ -28,7 +28,7 @@ from ..framework.executor import (
     StepSpec,
 )
 from ..framework.kernel import KernelDef, KernelInfo
-from ..framework.memory import CPU, Device, MemType
+from ..framework.memory import CPU, Device, DeviceTensor, MemType
 from ..framework.stream import DataTransferManager
 from ..ir.graph import Graph, Node, tensor_dtype
 from ..optimizer.functions import expand
@@ -254,9 +254,10 @@ def build_runner(
             if key not in copies:
                 cname = name if dev.is_cpu else f"{name}@{dev}"
                 copies[key] = cname
-                constants[slot(cname)] = place(
-                    graph.initializers[name], dev, ctx.transfer, _allocators(ctx, dev)
-                )
+                value = place(graph.initializers[name], dev, ctx.transfer, _allocators(ctx, dev))
+                if isinstance(value, DeviceTensor):
+                    value.stable_view = {}  # the same tensor every run: views are kept
+                constants[slot(cname)] = value
             return copies[key]
         src = location.get(name)
         if src is None or src == dev:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplug.ep import Allocator, Device, DeviceTensor
+from onnxplug.ep import Allocator, Device, DeviceTensor, counters, current_scratch
 
 # numpy dtypes CuPy cannot compute with; kernels move them as same-size integers.
 _STORAGE_AS = {"bfloat16": np.dtype(np.uint16)}
@@ -30,6 +30,13 @@ class CupyBackend:
         self.device = device
         self._tls = threading.local()
         self._cupy_device = cupy.cuda.Device(ordinal)
+        self._hooks: dict[int, Any] = {}  # id(allocator) -> CuPy allocator routed to it
+        self._owner: dict[int, Any] = {}  # ptr -> what it was taken from (scratch, allocator)
+        from cuda.bindings import runtime
+
+        self._launch = runtime.cudaGraphLaunch
+
+    can_capture = True
 
     # views -----------------------------------------------------------------------------------
     def view(self, t: DeviceTensor) -> Any:
@@ -46,6 +53,7 @@ class CupyBackend:
         return self._make_view(t, t)
 
     def _make_view(self, t: DeviceTensor, keep: Any) -> Any:
+        counters.bump(counters.VIEWS_BUILT)
         cp = self.xp
         dt = _STORAGE_AS.get(t.dtype.name, t.dtype)
         mem = cp.cuda.UnownedMemory(t.ptr, max(t.nbytes, 1), keep, self.ordinal)
@@ -68,24 +76,44 @@ class CupyBackend:
             stream.cupy_stream.use()
 
     def enter_run(self, allocator: Allocator) -> Any:
-        """Route CuPy's allocations on this thread to ``allocator``; returns a restore token."""
-        cp = self.xp
-        mem = cp.cuda.memory
+        """Route CuPy's allocations on this thread to the running frame's scratch (or, outside
+        one, to ``allocator``); returns a restore token."""
+        mem = self.xp.cuda.memory
         prev_alloc = mem._get_thread_local_allocator()
-        prev_stream = cp.cuda.get_current_stream()
-
-        def malloc(size: int, device_id: int) -> int:
-            stream = getattr(self._tls, "stream", None)
-            if stream is not None:
-                return allocator.alloc_on_stream(size, stream)
-            return allocator.alloc(size)
-
-        def free(ptr: int, device_id: int) -> None:
-            allocator.free(ptr)
-
-        mem._set_thread_local_allocator(cp.cuda.PythonFunctionAllocator(malloc, free).malloc)
+        prev_stream = self.xp.cuda.get_current_stream()
+        hook = self._hooks.get(id(allocator))
+        if hook is None:
+            hook = self._hooks[id(allocator)] = self._make_hook(allocator)
+        mem._set_thread_local_allocator(hook)
         self._tls.stream = None
         return prev_alloc, prev_stream
+
+    def _make_hook(self, allocator: Allocator) -> Any:
+        device = self.device
+        tls = self._tls
+        owner = self._owner
+
+        def malloc(size: int, device_id: int) -> int:
+            stream = getattr(tls, "stream", None)
+            src: Any = current_scratch(device) or allocator
+            ptr = src.alloc_on_stream(size, stream) if stream is not None else src.alloc(size)
+            owner[ptr] = src
+            return ptr
+
+        def free(ptr: int, device_id: int) -> None:
+            owner.pop(ptr, allocator).free(ptr)
+
+        return self.xp.cuda.PythonFunctionAllocator(malloc, free).malloc
+
+    def launch_graph(self, exe: Any, stream: int) -> str | None:
+        """Launch a graph exec on a stream; the error text, or None."""
+        err = self._launch(exe, stream)[0]
+        if int(err) != 0:
+            from .runtime import cudart
+
+            _, name = cudart().cudaGetErrorName(err)
+            return name.decode()
+        return None
 
     def exit_run(self, token: Any) -> None:
         prev_alloc, prev_stream = token

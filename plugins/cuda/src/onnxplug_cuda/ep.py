@@ -13,7 +13,9 @@ from onnxplug.ep import (
     Device,
     Ep,
     EpDevice,
+    EPFail,
     GraphView,
+    InvalidArgument,
     KernelRegistry,
     MemoryInfo,
     SessionConfig,
@@ -80,7 +82,9 @@ class CudaEp(Ep):
         self._lock = threading.RLock()  # create_sync_stream -> factory -> get_allocator
         self._streams: list[Any] = []
         self._external: Allocator | None = None
+        self._run_alloc: Allocator | None = None
         self._run_tokens = threading.local()
+        self._graphs: dict[int, tuple[Any, Any]] = {}  # graph id -> (graph exec, stream)
         for w in options.warnings:
             warnings.warn(f"{self.name}: {w}", stacklevel=2)
 
@@ -160,7 +164,8 @@ class CudaEp(Ep):
                     user = o.user_compute_stream if o.has_user_compute_stream else None
                     if user is None and o.uses_external_allocator:
                         user = 0  # onnxruntime: external allocator runs on the default stream
-                    self._unified = self.factory.create_stream(self, user)
+                    # shared by every frame: the frames never close it, the EP does
+                    self._unified = self.factory.create_stream(self, user, shared=True)
                 return self._unified
         s = self.factory.create_stream(self, None)
         with self._lock:
@@ -174,9 +179,15 @@ class CudaEp(Ep):
         self.factory.synchronize(self.ordinal)
 
     # runs ---------------------------------------------------------------------------------------
+    def run_allocator(self) -> Allocator:
+        """The device allocator of this session's runs (taken from the factory once)."""
+        alloc = self._run_alloc
+        if alloc is None:
+            alloc = self._run_alloc = self.factory.run_allocator(self)
+        return alloc
+
     def on_run_start(self, run_options: Any) -> None:
-        alloc = self.factory.run_allocator(self)
-        self._run_tokens.token = self.backend.enter_run(alloc)
+        self._run_tokens.token = self.backend.enter_run(self.run_allocator())
 
     def on_run_end(self, run_options: Any, sync_stream: bool) -> None:
         token = getattr(self._run_tokens, "token", None)
@@ -184,12 +195,68 @@ class CudaEp(Ep):
             self._run_tokens.token = None
             self.backend.exit_run(token)
 
+    # graph capture (onnxruntime's CUDA graph protocol; the host's runner drives it) ----------
+    def is_graph_capture_enabled(self) -> bool:
+        return self.options.enable_cuda_graph and self.backend.can_capture
+
+    def graph_capture_warmup_runs(self) -> int:
+        return self.options.min_num_runs_before_cuda_graph_capture
+
+    def graph_capture_node_assignment_policy(self) -> str:
+        return "ALLOW_CPU_FOR_SHAPES"
+
+    def begin_graph_capture(self, stream: Any) -> None:
+        stream.begin_capture()
+
+    def end_graph_capture(self, stream: Any, graph_id: int) -> None:
+        exe = stream.end_capture()
+        with self._lock:
+            if graph_id in self._graphs:
+                self._destroy(exe)
+                raise ValueError(
+                    f"trying to capture a graph with annotation id {graph_id} that is already "
+                    "used. Use a different annotation id."
+                )
+            self._graphs[graph_id] = (exe, stream)
+
+    def abort_graph_capture(self, stream: Any) -> None:
+        stream.abort_capture()
+
+    def is_graph_captured(self, graph_annotation_id: int) -> bool:
+        return graph_annotation_id in self._graphs
+
+    def replay_graph(self, graph_annotation_id: int) -> None:
+        try:
+            exe, stream = self._graphs[graph_annotation_id]
+        except KeyError:
+            raise InvalidArgument(
+                f"CUDA graph replay error: graph not found for id {graph_annotation_id}"
+            ) from None
+        err = self.backend.launch_graph(exe, stream.handle)
+        if err:
+            raise EPFail(f"CUDA graph launch error: {err}")
+
+    def release_graph(self, graph_annotation_id: int) -> None:
+        with self._lock:
+            entry = self._graphs.pop(graph_annotation_id, None)
+        if entry is not None:
+            self._destroy(entry[0])
+
+    def _destroy(self, exe: Any) -> None:
+        from .runtime import cudart
+
+        cudart().cudaGraphExecDestroy(exe)
+
     def get_provider_options(self) -> dict[str, str]:
         out = self.options.as_strings()
         out["device_id"] = str(self.ordinal)
         return out
 
     def release(self) -> None:
+        with self._lock:
+            graphs, self._graphs = list(self._graphs.values()), {}
+        for exe, _ in graphs:
+            self._destroy(exe)
         with self._lock:
             streams, self._streams = self._streams, []
             if self._unified is not None:

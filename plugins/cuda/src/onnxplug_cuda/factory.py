@@ -105,15 +105,17 @@ class CudaEpFactory(EpFactory):
     def kernel_registry(self, options: CudaOptions) -> KernelRegistry:
         return _registry(options.enable_cudnn)
 
-    def create_stream(self, ep: CudaEp, user_handle: int | None) -> Any:
+    def create_stream(self, ep: CudaEp, user_handle: int | None, shared: bool = False) -> Any:
         # blocks allocated on the stream are freed on stream 0 once it is destroyed
-        on_close = getattr(self.run_allocator(ep), "retire_stream", None)
-        return self._new_stream(ep, user_handle, on_close)
+        on_close = getattr(ep.run_allocator(), "retire_stream", None)
+        return self._new_stream(ep, user_handle, on_close, shared)
 
-    def _new_stream(self, ep: CudaEp, user_handle: int | None, on_close: Any) -> Any:
+    def _new_stream(self, ep: CudaEp, user_handle: int | None, on_close: Any, shared: bool) -> Any:
         from .stream import CudaSyncStream
 
-        return CudaSyncStream(ep.device, ep.ordinal, user_handle, ep.options.enable_cudnn, on_close)
+        return CudaSyncStream(
+            ep.device, ep.ordinal, user_handle, ep.options.enable_cudnn, on_close, shared
+        )
 
     def run_allocator(self, ep: CudaEp) -> Allocator:
         mi = ep.ep_device.memory_info

@@ -12,9 +12,9 @@ import ctypes
 import threading
 from typing import Any
 
-from onnxplug.ep import Allocator, CountingAllocator, MemoryInfo
+from onnxplug.ep import Allocator, CountingAllocator, MemoryInfo, counters
 
-from .runtime import DeviceGuard, check, cudart
+from .runtime import CAPTURING, DeviceGuard, check, cudart, defer_free
 
 _UINT64_MAX = (1 << 64) - 1
 
@@ -71,6 +71,7 @@ class CudaDeviceAllocator(Allocator):
         ptr = int(ptr)
         if stream == 0:
             # an allocation made outside any stream must be usable from every stream
+            counters.bump(counters.HOST_SYNCS)
             check(cudart().cudaStreamSynchronize(0), "cudaStreamSynchronize")
         with self._lock:
             self._live[ptr] = (size, stream)
@@ -94,9 +95,14 @@ class CudaDeviceAllocator(Allocator):
 
     def free(self, ptr: int) -> None:
         with self._lock:
-            rec = self._live.pop(ptr, None)
+            rec = self._live.get(ptr)
             if rec is None:
                 return
+            if rec[1] in CAPTURING:
+                # its stream records a graph: a free now would become part of it
+                defer_free(self, ptr)
+                return
+            del self._live[ptr]
             self._stats["InUse"] -= rec[0]
         cudart().cudaFreeAsync(ptr, rec[1])
 

@@ -189,12 +189,13 @@ class CudaOptions:
 
     @property
     def unified_stream(self) -> bool:
-        """One stream for all runs: forced by a user stream, an external allocator or graphs."""
+        """One stream for all runs: forced by a user stream or an external allocator. Graph
+        mode is not unified: as in onnxruntime's plugin EP each run frame (so each thread's
+        graph) has a stream of its own."""
         return (
             self.use_ep_level_unified_stream
             or self.has_user_compute_stream
             or self.uses_external_allocator
-            or self.enable_cuda_graph
         )
 
     def as_strings(self) -> dict[str, str]:

@@ -11,6 +11,25 @@ from typing import Any
 
 from onnxplug.ep import EPFail
 
+# Streams capturing a graph right now (handles). A block freed on such a stream is freed after
+# the capture ends, so that its free is not recorded into the graph.
+CAPTURING: set[int] = set()
+_DEFERRED: list[tuple[Any, int]] = []  # (allocator, ptr) freed while their stream captured
+
+
+def defer_free(allocator: Any, ptr: int) -> None:
+    _DEFERRED.append((allocator, ptr))
+
+
+def release_deferred() -> None:
+    """Free what was deferred, unless its stream still captures."""
+    if not _DEFERRED:
+        return
+    items = list(_DEFERRED)
+    _DEFERRED.clear()
+    for allocator, ptr in items:
+        allocator.free(ptr)
+
 
 @functools.cache
 def cudart() -> Any:

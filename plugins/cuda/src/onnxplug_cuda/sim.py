@@ -22,6 +22,8 @@ from onnxplug.ep import (
     MemoryInfo,
     SyncNotification,
     SyncStream,
+    counters,
+    host_view,
 )
 
 from .factory import CudaEpFactory
@@ -57,7 +59,7 @@ class SimStream(SyncStream):
         return SimNotification(self)
 
     def flush(self) -> None:
-        pass
+        counters.bump(counters.HOST_SYNCS)  # what the real stream's synchronise would be
 
     def close(self) -> None:
         self.closed = True
@@ -69,7 +71,18 @@ class NumpyBackend:
         self.ordinal = ordinal
         self.device = device
 
+    can_capture = False  # kernels run at once on the host: nothing to record
+
     def view(self, t: DeviceTensor) -> np.ndarray:
+        """Like the CuPy backend: a planned tensor's view is built once and kept on it."""
+        cache = t.stable_view
+        if cache is not None:
+            v = cache.get(self)
+            if v is None:
+                counters.bump(counters.VIEWS_BUILT)
+                v = cache[self] = host_view(t.ptr, t.shape, t.dtype, t.owner)
+            return v
+        counters.bump(counters.VIEWS_BUILT)
         return t.host_array()
 
     def wrap(self, arr: Any, dtype: Any = None) -> DeviceTensor:
@@ -131,8 +144,12 @@ class CudaSimEpFactory(CudaEpFactory):
             d.memory_info = MemoryInfo("Cuda", self._device(d.device.device_id))
         return devs
 
-    def _new_stream(self, ep: Any, user_handle: int | None, on_close: Any) -> SimStream:
-        return SimStream(ep.device)
+    def _new_stream(
+        self, ep: Any, user_handle: int | None, on_close: Any, shared: bool
+    ) -> SimStream:
+        s = SimStream(ep.device)
+        s.frame_owned = not shared
+        return s
 
     def _make_allocator(self, memory_info: MemoryInfo) -> Allocator | None:
         if memory_info.name == "Cuda":

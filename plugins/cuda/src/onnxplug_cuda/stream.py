@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxplug.ep import Device, SyncNotification, SyncStream
+from onnxplug.ep import Device, GraphCaptureViolation, SyncNotification, SyncStream, counters
 
-from .runtime import DeviceGuard, check, cudart
+from .runtime import CAPTURING, DeviceGuard, check, cudart, release_deferred
 
 
 class CudaNotification(SyncNotification):
@@ -30,6 +30,9 @@ class CudaNotification(SyncNotification):
         consumer.record_wait(self.producer, self.sync_id)
 
     def wait_on_host(self) -> None:
+        if self.producer.capturing:
+            raise GraphCaptureViolation("a host wait on a stream capturing a graph")
+        counters.bump(counters.HOST_SYNCS)
         check(cudart().cudaEventSynchronize(self.event), "cudaEventSynchronize")
 
     def __del__(self) -> None:
@@ -49,10 +52,12 @@ class CudaSyncStream(SyncStream):
         user_handle: int | None = None,
         enable_cudnn: bool = True,
         on_close: Any = None,
+        shared: bool = False,
     ):
         super().__init__(device)
         self.ordinal = ordinal
         self.owned = user_handle is None
+        self.frame_owned = self.owned and not shared
         self.enable_cudnn = enable_cudnn
         self._on_close = on_close
         if self.owned:
@@ -118,9 +123,50 @@ class CudaSyncStream(SyncStream):
         return int(status) != 0
 
     def flush(self) -> None:
+        if self.capturing:
+            raise GraphCaptureViolation("a host synchronisation on a stream capturing a graph")
         if not self.owned and self.is_capturing():
-            return  # never synchronise a user's stream while it captures a graph
+            return  # never synchronise a user's stream while its owner captures a graph
+        counters.bump(counters.HOST_SYNCS)
         check(cudart().cudaStreamSynchronize(self._handle), "cudaStreamSynchronize")
+
+    # graph capture ----------------------------------------------------------------------------
+    def begin_capture(self) -> None:
+        rt = cudart()
+        with DeviceGuard(self.ordinal):
+            check(
+                rt.cudaStreamBeginCapture(
+                    self._handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+                ),
+                "cudaStreamBeginCapture",
+            )
+        self.capturing = True
+        CAPTURING.add(self._handle)
+
+    def end_capture(self) -> Any:
+        """Stop capturing; the instantiated (and uploaded) graph."""
+        rt = cudart()
+        self._stop_capture()
+        graph = check(rt.cudaStreamEndCapture(self._handle), "cudaStreamEndCapture")
+        try:
+            with DeviceGuard(self.ordinal):
+                exe = check(rt.cudaGraphInstantiateWithFlags(graph, 0), "cudaGraphInstantiate")
+                check(rt.cudaGraphUpload(exe, self._handle), "cudaGraphUpload")
+        finally:
+            rt.cudaGraphDestroy(graph)
+        return exe
+
+    def abort_capture(self) -> None:
+        rt = cudart()
+        self._stop_capture()
+        err, graph = rt.cudaStreamEndCapture(self._handle)
+        if int(err) == 0 and graph:
+            rt.cudaGraphDestroy(graph)
+
+    def _stop_capture(self) -> None:
+        self.capturing = False
+        CAPTURING.discard(self._handle)
+        release_deferred()
 
     def close(self) -> None:
         if self.closed:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplug.ep import DataTransfer, Device, DeviceTensor, SyncStream
+from onnxplug.ep import DataTransfer, Device, DeviceTensor, SyncStream, counters
 
 from .runtime import check, cudart
 
@@ -33,6 +33,7 @@ class _Staging:
     def ensure(self, nbytes: int) -> None:
         rt = cudart()
         if self.event is not None:
+            counters.bump(counters.HOST_SYNCS)
             check(rt.cudaEventSynchronize(self.event), "cudaEventSynchronize")
         if nbytes <= self.size:
             return
@@ -81,6 +82,7 @@ class CudaDataTransfer(DataTransfer):
                 if n and src.ptr != dst.ptr:
                     check(rt.cudaMemcpyAsync(dst.ptr, src.ptr, n, kind, h), "cudaMemcpyAsync(D2D)")
                 if stream is None:
+                    counters.bump(counters.HOST_SYNCS)
                     check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
             elif isinstance(dst, DeviceTensor):
                 self._h2d(np.ascontiguousarray(src), dst, h)
@@ -97,6 +99,7 @@ class CudaDataTransfer(DataTransfer):
             # pageable source: the call returns once the source has been consumed
             check(rt.cudaMemcpyAsync(dst.ptr, _host_ptr(src), n, kind, h), "cudaMemcpyAsync(H2D)")
             if h == 0:
+                counters.bump(counters.HOST_SYNCS)
                 check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
             return
         st = self._stage()
@@ -114,11 +117,13 @@ class CudaDataTransfer(DataTransfer):
         kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
         if dst.flags.c_contiguous and (n < _DIRECT_BELOW or h == 0):
             check(rt.cudaMemcpyAsync(_host_ptr(dst), src.ptr, n, kind, h), "cudaMemcpyAsync(D2H)")
+            counters.bump(counters.HOST_SYNCS)
             check(rt.cudaStreamSynchronize(h), "cudaStreamSynchronize")
             return
         st = self._stage()
         with st.lock:
             st.ensure(n)
             check(rt.cudaMemcpyAsync(st.ptr, src.ptr, n, kind, h), "cudaMemcpyAsync(D2H)")
+            counters.bump(counters.HOST_SYNCS)
             check(rt.cudaStreamSynchronize(h), "cudaStreamSynchronize")
             np.copyto(dst, st.view(n).view(src.dtype).reshape(src.shape))
