@@ -7,9 +7,12 @@ median latencies (ms, 100 runs after 10 warm-ups, synchronised after each run):
 
     python benchmarks/models.py [--models resnet50,bert_base,gpt2] [--out DIR] [--fp16] [--runs N]
 
-Columns: onnxplug plain ``run()`` (numpy in, numpy out), onnxplug IOBinding (inputs and outputs
-on the GPU), PyTorch eager on the same GPU. Needs torch, torchvision and transformers (the GPU
-machine has them); onnxplug itself never imports torch.
+Columns: onnxplug plain ``run()`` eager (numpy in, numpy out), plain ``run()`` with
+``enable_cuda_graph=1`` (replayed per shape signature), IOBinding with CUDA graphs (inputs
+updated in place, outputs bound: onnxruntime's recipe); PyTorch eager and PyTorch CUDA-graph
+replay measured in the same run; onnxruntime's figures from ../shared/anchors. Also the host
+cost of one run of a tiny model, and (``--profile``) host µs per op. Needs torch, torchvision
+and transformers (the GPU machine has them); onnxplug itself never imports torch.
 """
 
 from __future__ import annotations
@@ -159,21 +162,94 @@ def check(path: str, feeds: dict[str, np.ndarray], fp16: bool) -> dict[str, Any]
     return out
 
 
-def bench_onnxplug(path: str, feeds: dict[str, np.ndarray], runs: int) -> dict[str, float]:
-    s = ox.InferenceSession(path, providers=[CUDA, "CPUExecutionProvider"])
-    res = {"onnxplug_run": med_ms(lambda: s.run(None, feeds), lambda: None, runs)}
-    io = s.io_binding()
-    for k, v in feeds.items():
-        io.bind_ortvalue_input(k, ox.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
-    for o in s.get_outputs():
-        io.bind_output(o.name, "cuda", 0)
-    res["onnxplug_iobind"] = med_ms(
-        lambda: s.run_with_iobinding(io), lambda: io.synchronize_outputs(), runs
+def bench_onnxplug(path: str, feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
+    """Plain run() eager, plain run() with CUDA graphs, IOBinding with CUDA graphs (onnxruntime's
+    documented recipe: inputs updated in place, outputs bound); the graph outputs checked against
+    the eager ones (bit for bit)."""
+    res: dict[str, Any] = {}
+    eager = ox.InferenceSession(path, providers=[CUDA, "CPUExecutionProvider"])
+    res["run_eager"] = med_ms(lambda: eager.run(None, feeds), lambda: None, runs)
+    want = eager.run(None, feeds)
+    graph = ox.InferenceSession(
+        path, providers=[(CUDA, {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+    )
+    got = graph.run(None, feeds)
+    res["graph_equals_eager"] = all(np.array_equal(a, b) for a, b in zip(got, want))
+    res["run_graph"] = med_ms(lambda: graph.run(None, feeds), lambda: None, runs)
+    states = graph._runner.capture.states() if graph._runner.capture else []
+    res["graph_state"] = [s[2] + (f" ({s[3][:200]})" if s[3] else "") for s in states]
+    io = graph.io_binding()
+    ins = {k: ox.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feeds.items()}
+    for k, v in ins.items():
+        io.bind_ortvalue_input(k, v)
+    outs = {}
+    for o, w in zip(graph.get_outputs(), want):
+        outs[o.name] = ox.OrtValue.ortvalue_from_shape_and_type(w.shape, w.dtype, "cuda", 0)
+        io.bind_ortvalue_output(o.name, outs[o.name])
+    graph.run_with_iobinding(io)
+    res["iobind_graph_equals_eager"] = bool(
+        np.array_equal(outs[graph.get_outputs()[0].name].numpy(), want[0])
+    )
+    res["iobind_graph"] = med_ms(
+        lambda: graph.run_with_iobinding(io), lambda: io.synchronize_outputs(), runs
     )
     return res
 
 
-def bench_torch(name: str, feeds: dict[str, np.ndarray], runs: int, fp16: bool) -> float:
+def host_profile(path: str, feeds: dict[str, np.ndarray], runs: int = 20) -> list[tuple]:
+    """Host µs per node by op type (onnxplug's profiler), eager plain run()."""
+    so = ox.SessionOptions()
+    so.enable_profiling = True
+    s = ox.InferenceSession(path, so, providers=[CUDA, "CPUExecutionProvider"])
+    for _ in range(3):
+        s.run(None, feeds)
+    s._runner.profile_events = []
+    for _ in range(runs):
+        s.run(None, feeds)
+    by: dict[str, list[float]] = {}
+    for e in s._runner.profile_events:
+        by.setdefault(e["args"]["op_name"], []).append(e["dur"])
+    rows = [(op, len(d) // runs, sum(d) / len(d), sum(d) / runs) for op, d in by.items()]
+    return sorted(rows, key=lambda r: -r[3])
+
+
+def tiny_replay_us(runs: int = 2000) -> dict[str, float]:
+    """Host cost of one run of a tiny model (Relu on 1x16): eager and replayed."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = np.ones((1, 16), np.float32)
+    out = {}
+    for name, opts in (("eager", {}), ("graph", {"enable_cuda_graph": "1"})):
+        s = ox.InferenceSession(m, providers=[(CUDA, opts), "CPUExecutionProvider"])
+        for _ in range(20):
+            s.run(None, {"x": x})
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            s.run(None, {"x": x})
+        out[name] = (time.perf_counter() - t0) / runs * 1e6
+        io = s.io_binding()
+        io.bind_ortvalue_input("x", ox.OrtValue.ortvalue_from_numpy(x, "cuda", 0))
+        y = ox.OrtValue.ortvalue_from_shape_and_type([1, 16], np.float32, "cuda", 0)
+        io.bind_ortvalue_output("y", y)
+        for _ in range(20):
+            s.run_with_iobinding(io)
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            s.run_with_iobinding(io)
+        io.synchronize_outputs()
+        out[name + "_iobind"] = (time.perf_counter() - t0) / runs * 1e6
+    return out
+
+
+def bench_torch(name: str, feeds: dict[str, np.ndarray], runs: int, fp16: bool) -> dict[str, float]:
+    """PyTorch eager and one captured CUDA graph replayed, on the same GPU in the same run."""
     import torch
 
     torch.manual_seed(0)
@@ -201,17 +277,36 @@ def bench_torch(name: str, feeds: dict[str, np.ndarray], runs: int, fp16: bool) 
         call = lambda: m(input_ids=tf["input_ids"], attention_mask=tf["attention_mask"])  # noqa: E731
     else:
         call = lambda: m(input_ids=tf["input_ids"], use_cache=False)  # noqa: E731
+    out = {}
     with torch.inference_mode():
-        return med_ms(call, torch.cuda.synchronize, runs)
+        out["torch_eager"] = med_ms(call, torch.cuda.synchronize, runs)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call()
+        out["torch_graph"] = med_ms(g.replay, torch.cuda.synchronize, runs)
+    return out
 
 
+# onnxruntime CUDA EP on the same H100 (../shared/anchors): (plain run(), IOBinding + graph)
 ANCHORS = {
-    ("resnet50", 1): 2.06,
-    ("resnet50", 32): 7.79,
-    ("bert_base", 1): 3.44,
-    ("bert_base", 8): 4.10,
-    ("gpt2", 1): 2.29,
-    ("gpt2", 8): 2.92,
+    ("resnet50", 1, "fp32"): (2.06, 0.93),
+    ("resnet50", 32, "fp32"): (7.79, 5.60),
+    ("bert_base", 1, "fp32"): (3.44, 1.31),
+    ("bert_base", 8, "fp32"): (4.10, 2.84),
+    ("gpt2", 1, "fp32"): (2.29, 1.005),
+    ("gpt2", 8, "fp32"): (2.92, 2.09),
+    ("resnet50", 1, "fp16"): (None, 0.807),
+    ("resnet50", 32, "fp16"): (None, 3.875),
+    ("bert_base", 1, "fp16"): (None, 0.957),
+    ("bert_base", 8, "fp16"): (None, 1.926),
+    ("gpt2", 1, "fp16"): (None, 0.736),
+    ("gpt2", 8, "fp16"): (None, 1.367),
 }
 
 
@@ -222,6 +317,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--fp16", action="store_true", help="also run fp16 versions")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--check", action="store_true", help="compare with the CPU provider too")
+    ap.add_argument("--profile", action="store_true", help="host µs per op (batch 1, fp32)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = args.models.split(",")
@@ -229,7 +326,8 @@ def main() -> int:
         print(f"{CUDA} is not available: {ox.get_provider_load_errors()}", file=sys.stderr)
         return 2
     export_all(args.out, names)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    profiles: dict[str, list[tuple]] = {}
     for name in names:
         for b in [1, 32] if name == "resnet50" else [1, 8]:
             for fp16 in [False, True] if args.fp16 else [False]:
@@ -237,42 +335,53 @@ def main() -> int:
                 if fp16:
                     path = to_fp16(path, path.replace(".onnx", "_fp16.onnx"))
                 feeds = feeds_for(name, b)
-                row: dict[str, Any] = {
-                    "model": name,
-                    "batch": b,
-                    "dtype": "fp16" if fp16 else "fp32",
-                }
+                dt = "fp16" if fp16 else "fp32"
+                row: dict[str, Any] = {"model": name, "batch": b, "dtype": dt}
                 try:
-                    row.update(check(path, feeds, fp16))
+                    if args.check:
+                        row.update(check(path, feeds, fp16))
                     row.update(bench_onnxplug(path, feeds, args.runs))
+                    if args.profile and b == 1 and not fp16:
+                        profiles[name] = host_profile(path, feeds)
                     if not args.no_torch:
-                        row["torch_eager"] = bench_torch(name, feeds, args.runs, fp16)
+                        row.update(bench_torch(name, feeds, args.runs, fp16))
                 except Exception as e:  # report and go on with the other models
                     row["error"] = f"{type(e).__name__}: {e}"[:300]
-                row["ort_cuda_anchor"] = ANCHORS.get((name, b)) if not fp16 else None
+                row["ort_run"], row["ort_graph"] = ANCHORS.get((name, b, dt), (None, None))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
+    tiny = tiny_replay_us()
+    print(json.dumps({"tiny_model_host_us": tiny}), flush=True)
     print()
     print(
-        "| model | batch | dtype | onnxplug run() ms | onnxplug IOBinding ms | torch eager ms | ORT CUDA run() anchor ms | max abs err vs CPU (tf32 off / on) | nodes off CUDA |"
+        "| model | batch | dtype | run() eager | run() + graph | IOBinding + graph | torch eager "
+        "| torch graph | ORT run() | ORT IOBinding + graph | graph == eager |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['model']} | {r['batch']} | {r['dtype']} | ERROR: {r['error'][:80]} |")
+            print(f"| {r['model']} | {r['batch']} | {r['dtype']} | ERROR: {r['error'][:120]} |")
             continue
 
         def f(k: str, r: dict[str, Any] = r) -> str:
-            return f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"
+            v = r.get(k)
+            return f"{v:.3g}" if isinstance(v, float) else "-"
 
-        err = f"{r['max_abs_err_tf32_0']:.2e} / {r['max_abs_err_tf32_1']:.2e}"
+        same = r.get("graph_equals_eager") and r.get("iobind_graph_equals_eager")
         print(
-            f"| {r['model']} | {r['batch']} | {r['dtype']} | {f('onnxplug_run')} | {f('onnxplug_iobind')} | "
-            f"{f('torch_eager')} | {r['ort_cuda_anchor'] or '-'} | {err} | {','.join(r['off_cuda']) or 'none'} |"
+            f"| {r['model']} | {r['batch']} | {r['dtype']} | {f('run_eager')} | {f('run_graph')} "
+            f"| {f('iobind_graph')} | {f('torch_eager')} | {f('torch_graph')} | {f('ort_run')} "
+            f"| {f('ort_graph')} | {'yes' if same else 'NO'} |"
         )
+    print()
+    print("tiny model (Relu 1x16), host µs per run:", {k: round(v, 1) for k, v in tiny.items()})
+    for name, prof in profiles.items():
+        print(f"\nhost profile, {name} b1 fp32 eager (op, nodes, µs per node, µs per run):")
+        for op, n, per, tot in prof[:15]:
+            print(f"  {op:28s} {n:4d} {per:8.1f} {tot:9.1f}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+            json.dump({"rows": rows, "tiny_us": tiny, "profiles": profiles}, fh, indent=1)
     return 0
 
 

@@ -399,6 +399,8 @@ class NonZero(CudaKernel):
     """NonZero: (rank, count) int64 coordinates, row-major order. The count is data
     dependent: ``argwhere`` reads it back to the host (one synchronisation)."""
 
+    graph_capturable = False
+
     def compute(self, ctx: KernelContext) -> None:
         t = ctx.input(0)
         x = self.arg(ctx, 0)
@@ -415,6 +417,8 @@ class NonZero(CudaKernel):
 class Compress(CudaKernel):
     """Compress: the slices along ``axis`` (the flattened input without one) where the bool
     condition is true; a condition shorter than the axis selects from its prefix."""
+
+    graph_capturable = False  # the output size is read back to the host
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)

@@ -158,6 +158,8 @@ class Einsum(CudaKernel):
     and rounds back; the result is always a fresh array (einsum may return a view of an
     operand, which must not become the output's memory)."""
 
+    graph_capturable = False  # CuPy's einsum may call cuBLAS, which refuses stream capture
+
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.equation = str(info.attr("equation")).replace(" ", "")

@@ -164,6 +164,8 @@ class _Pool(CudaKernel):
         self.flag = 0
         self.p = 2.0
         self._geo: dict[tuple, tuple] = {}
+        # more than 3 spatial dims take a path that uploads host tables per call
+        self.graph_capturable = n <= 3
 
     def geometry(self, shape: tuple[int, ...]) -> tuple:
         """(output shape, pads, pads extended at the end so every window fits, kernel args)."""

@@ -1,0 +1,271 @@
+"""CUDA graphs on a real GPU: capture and replay from plain run() and IOBinding, per shape and
+annotation id, per thread, piecewise around host nodes, abandoned captures, user streams, and
+the steady state's counts (one host synchronisation, no allocation, no view built).
+
+Replays are compared bit for bit with eager runs of the same session (``gpu_graph_id=-1``).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tests.gpu._cuda import CPU, CUDA, cuda_marks
+
+import onnxplug as ox
+from onnxplug.framework import counters
+
+pytestmark = cuda_marks
+
+
+def _model(nodes, inputs, outputs, inits=None, opset=17) -> bytes:
+    g = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        outputs,
+        [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+
+
+def _f(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def block() -> bytes:
+    """MatMul+bias, Relu, a head split (Reshape/Transpose), Softmax, merge, LayerNorm, Gelu."""
+    rng = np.random.default_rng(0)
+    d = 32
+    inits = {
+        "W": rng.standard_normal((d, d)).astype(np.float32) / 6,
+        "B": rng.standard_normal(d).astype(np.float32),
+        "G": np.ones(d, np.float32),
+        "split": np.array([0, 0, 4, 8], np.int64),
+        "merge": np.array([0, 0, 32], np.int64),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"]),
+        helper.make_node("Add", ["m", "B"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("Reshape", ["r", "split"], ["rs"]),
+        helper.make_node("Transpose", ["rs"], ["t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Softmax", ["t"], ["s"], axis=-1),
+        helper.make_node("Transpose", ["s"], ["t2"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["t2", "merge"], ["r2"]),
+        helper.make_node("Add", ["r2", "x"], ["res"]),
+        helper.make_node("LayerNormalization", ["res", "G", "B"], ["ln"], axis=-1),
+        helper.make_node("Gelu", ["ln"], ["y"]),
+    ]
+    return _model(nodes, [_f("x", ["N", "S", d])], [_f("y", ["N", "S", d])], inits, opset=20)
+
+
+def conv() -> bytes:
+    rng = np.random.default_rng(1)
+    inits = {
+        "w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+        "b": rng.standard_normal(8).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["p"], ["y"]),
+    ]
+    return _model(nodes, [_f("x", ["N", 3, 16, 16])], [_f("y", ["N", 8, 1, 1])], inits)
+
+
+def graph_session(model: bytes, **options: str) -> ox.InferenceSession:
+    return ox.InferenceSession(
+        model, providers=[(CUDA, {"enable_cuda_graph": "1", **options}), CPU]
+    )
+
+
+def with_id(gid: int) -> ox.RunOptions:
+    ro = ox.RunOptions()
+    ro.add_run_config_entry("gpu_graph_id", str(gid))
+    return ro
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def states(sess: ox.InferenceSession) -> list[str]:
+    return [s[2] for s in sess._runner.capture.states()]
+
+
+@pytest.mark.parametrize("build,shape", [(block, (2, 8, 32)), (conv, (2, 3, 16, 16))])
+def test_replay_equals_eager_bit_for_bit_for_changing_inputs(build, shape):
+    model = build()
+    sess = graph_session(model)
+    for i in range(6):
+        x = rand(*shape, seed=i)
+        got = sess.run(None, {"x": x})
+        want = sess.run(None, {"x": x}, with_id(-1))
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    assert states(sess) == ["captured"]
+    cpu = ox.InferenceSession(model, providers=[CPU]).run(None, {"x": x})
+    np.testing.assert_allclose(got[0], cpu[0], rtol=2e-3, atol=2e-3)
+
+
+def test_steady_replay_counts():
+    sess = graph_session(block())
+    x = rand(1, 8, 32)
+    sess.run(None, {"x": x})
+    alloc = sess._runner.plan.allocators
+    for _ in range(3):
+        before = counters.snapshot()
+        n = {d: a.get_stats()["NumAllocs"] for d, a in alloc.items()}
+        sess.run(None, {"x": x})
+        d = counters.delta(before)
+        assert d[counters.HOST_SYNCS] == 1
+        assert d[counters.GRAPH_REPLAYS] == 1
+        assert d[counters.VIEWS_BUILT] == 0
+        assert {k: a.get_stats()["NumAllocs"] - n[k] for k, a in alloc.items()} == dict.fromkeys(
+            alloc, 0
+        )
+
+
+def test_eager_steady_state_counts():
+    sess = ox.InferenceSession(block(), providers=[CUDA, CPU])
+    x = rand(1, 8, 32)
+    for _ in range(2):
+        sess.run(None, {"x": x})
+    alloc = sess._runner.plan.allocators
+    for _ in range(3):
+        before = counters.snapshot()
+        n = {d: a.get_stats()["NumAllocs"] for d, a in alloc.items()}
+        sess.run(None, {"x": x})
+        d = counters.delta(before)
+        assert (d[counters.HOST_SYNCS], d[counters.VIEWS_BUILT]) == (1, 0)
+        assert all(a.get_stats()["NumAllocs"] == n[k] for k, a in alloc.items())
+
+
+def test_shapes_and_ids_get_their_own_graphs_and_minus_one_never_captures():
+    model = block()
+    sess = graph_session(model)
+    for n in (1, 3, 1, 3):
+        for gid in (0, 5):
+            x = rand(n, 8, 32, seed=n + gid)
+            (y,) = sess.run(None, {"x": x}, with_id(gid))
+            (e,) = sess.run(None, {"x": x}, with_id(-1))
+            np.testing.assert_array_equal(y, e)
+    assert sorted(states(sess)) == ["captured"] * 4
+    sess.release_captured_graph(5)
+    assert len(states(sess)) == 2
+    with pytest.raises(ox.capi.onnxruntime_pybind11_state.InvalidArgument):
+        sess.release_captured_graph(99)
+
+
+def test_iobinding_replay_with_inputs_updated_in_place():
+    model = block()
+    sess = graph_session(model)
+    x = rand(2, 8, 32)
+    xv = ox.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+    yv = ox.OrtValue.ortvalue_from_shape_and_type([2, 8, 32], np.float32, "cuda", 0)
+    io = sess.io_binding()
+    io.bind_ortvalue_input("x", xv)
+    io.bind_ortvalue_output("y", yv)
+    for i in range(4):
+        xi = rand(2, 8, 32, seed=i)
+        xv.update_inplace(xi)
+        sess.run_with_iobinding(io)
+        (want,) = sess.run(None, {"x": xi}, with_id(-1))
+        np.testing.assert_array_equal(yv.numpy(), want)
+
+
+def test_two_threads_capture_their_own_graphs():
+    model = block()
+    sess = graph_session(model)
+    eager = ox.InferenceSession(model, providers=[CUDA, CPU])
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def worker(k: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(8):
+                x = rand(2, 8, 32, seed=100 * k + i)
+                (y,) = sess.run(None, {"x": x})
+                np.testing.assert_array_equal(y, eager.run(None, {"x": x})[0])
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_piecewise_capture_around_a_host_node():
+    # NonZero reads its input's count on the host: the device work before and after it are
+    # captured as two graphs, NonZero runs eagerly between them
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Mul", ["r", "r"], ["m"]),
+        helper.make_node("NonZero", ["m"], ["nz"]),
+        helper.make_node("Relu", ["x"], ["q"]),
+        helper.make_node("Add", ["q", "q"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        [_f("x", [16])],
+        [helper.make_tensor_value_info("nz", TensorProto.INT64, [1, "K"]), _f("y", [16])],
+    )
+    sess = graph_session(model)
+    for k in range(5):
+        x = rand(16, seed=k)
+        got = sess.run(None, {"x": x})
+        want = ox.InferenceSession(model, providers=[CPU]).run(None, {"x": x})
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1])
+    assert states(sess) == ["captured"]
+
+
+def test_user_stream_with_graphs_is_never_destroyed():
+    import cupy
+
+    s = cupy.cuda.Stream(non_blocking=True)
+    model = block()
+    sess = graph_session(model, user_compute_stream=str(s.ptr))
+    for i in range(5):
+        x = rand(1, 8, 32, seed=i)
+        (y,) = sess.run(None, {"x": x})
+        (e,) = sess.run(None, {"x": x}, with_id(-1))
+        np.testing.assert_array_equal(y, e)
+    s.synchronize()  # still a live stream
+    assert states(sess) == ["captured"]
+
+
+def test_failed_capture_warns_names_the_node_and_keeps_the_session_usable():
+    # Einsum goes through CuPy's einsum (cuBLAS), which refuses capture: it is marked
+    # uncapturable, so it runs eagerly between segments. A kernel that synchronises
+    # unexpectedly is simulated by a NonZero whose capturability is forced on.
+    from onnxplug_cuda.kernels import indexing
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["nz"])]
+    model = _model(
+        nodes, [_f("x", [8])], [helper.make_tensor_value_info("nz", TensorProto.INT64, [1, "K"])]
+    )
+    old = indexing.NonZero.graph_capturable
+    indexing.NonZero.graph_capturable = True
+    try:
+        sess = graph_session(model)
+        x = np.array([0, 1, 0, 2, 0, 3, 4, 0], np.float32)
+        with pytest.warns(RuntimeWarning, match="NonZero"):
+            (nz,) = sess.run(None, {"x": x})
+        np.testing.assert_array_equal(nz, np.nonzero(np.maximum(x, 0))[0][None])
+        assert states(sess) == ["disabled"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            (nz,) = sess.run(None, {"x": x})
+        np.testing.assert_array_equal(nz, np.nonzero(x)[0][None])
+    finally:
+        indexing.NonZero.graph_capturable = old
