@@ -32,7 +32,7 @@ CUDA = "CUDAExecutionProvider"
 SHAPE_OPS = {"Shape", "Size", "MemcpyFromHost", "MemcpyToHost"}
 
 
-def export_all(out: str, names: list[str]) -> None:
+def export_all(out: str, names: list[str], batches: tuple[int, ...] = (1, 8)) -> None:
     import torch
 
     torch.manual_seed(0)
@@ -71,7 +71,7 @@ def export_all(out: str, names: list[str]) -> None:
         from transformers import BertConfig, BertModel
 
         bert = BertModel(BertConfig(), add_pooling_layer=True)
-        for b in (1, 8):
+        for b in batches:
             ids = torch.randint(0, 30000, (b, 128))
             mask = torch.ones(b, 128, dtype=torch.int64)
             export(f"bert_base_b{b}", bert, (ids, mask), ["input_ids", "attention_mask"], None)
@@ -90,7 +90,7 @@ def export_all(out: str, names: list[str]) -> None:
             def forward(self, ids: Any) -> Any:
                 return self.m(input_ids=ids, use_cache=False).last_hidden_state
 
-        for b in (1, 8):
+        for b in batches:
             export(f"gpt2_b{b}", G(gpt2), (torch.randint(0, 50000, (b, 128)),), ["input_ids"], None)
 
 

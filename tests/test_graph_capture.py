@@ -115,6 +115,7 @@ def test_ids_are_independent_graphs_and_release_frees_one(virt):
     assert stat(virt, "captured_graphs") == 2
     sess.release_captured_graph(1)
     assert stat(virt, "graphs_released") == 1
+    assert [s[1] for s in sess._runner.capture.states()] == [0]
     with pytest.raises(ox.capi.onnxruntime_pybind11_state.InvalidArgument, match="id 7"):
         sess.release_captured_graph(7)
     # id 1 warms up and captures again; id 0 keeps replaying

@@ -234,7 +234,11 @@ class GraphCapture:
 
     def states(self) -> list[tuple[tuple, int, str, str]]:
         """(signature, annotation id, state, reason) of this thread's contexts."""
-        return [(c.sig_key, c.annotation, c.state, c.reason) for c in self._contexts().values()]
+        return [
+            (c.sig_key, c.annotation, c.state, c.reason)
+            for c in self._contexts().values()
+            if not c.released
+        ]
 
     # segments -----------------------------------------------------------------------------------
     def _capturable(self, spec: StepSpec, stable: set[int]) -> bool:
