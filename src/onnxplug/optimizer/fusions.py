@@ -44,6 +44,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 
 from ..ir.graph import Graph, Node, tensor_dtype
 
@@ -341,6 +342,23 @@ def _new_node(
     )
 
 
+def _new_onnx_node(
+    g: Graph, op: str, inputs: list[str], outputs: list[str], attrs: dict, at: Node
+) -> Node:
+    """A default-domain node at the graph's opset (its schema version resolved)."""
+    opset = g.opsets.get("", 1)
+    return Node(
+        name=g.unique_name(f"{op}_{at.name}"),
+        op_type=op,
+        domain="",
+        inputs=inputs,
+        outputs=outputs,
+        attrs=attrs,
+        since_version=onnx.defs.get_schema(op, opset, "").since_version,
+        opset=opset,
+    )
+
+
 class ProviderPolicy:
     """Whether fusing some nodes into an op leaves every node with the provider that would have
     run it: the first registry (priority order) knowing the fused op or one of the nodes' ops
@@ -368,7 +386,7 @@ class _Rewriter:
         self.g = g
         self.policy = policy
         self.taken: set[int] = set()
-        self.replace: dict[int, Node] = {}
+        self.replace: dict[int, list[Node]] = {}
 
     def free(self, nodes: Iterable[Node], op: str, domain: str) -> bool:
         """The nodes are in no other rewrite and the providers let them become ``op``."""
@@ -376,18 +394,20 @@ class _Rewriter:
             return False
         return self.policy.allows(op, domain, nodes)
 
-    def add(self, nodes: list[Node], at: Node, new: Node) -> None:
+    def add(self, nodes: list[Node], at: Node, new: Node | list[Node]) -> None:
+        """Replace ``nodes`` by ``new`` (one node, or several in order) placed at ``at``."""
         self.taken.update(id(n) for n in nodes)
-        self.replace[id(at)] = new
+        self.replace[id(at)] = new if isinstance(new, list) else [new]
 
     def apply(self) -> int:
         if not self.replace:
             return 0
         g = self.g
         g.nodes = [
-            self.replace.get(id(n), n)
+            m
             for n in g.nodes
             if id(n) not in self.taken or id(n) in self.replace
+            for m in self.replace.get(id(n), [n])
         ]
         _drop_unused_initializers(g)
         g.toposort()
@@ -594,10 +614,13 @@ def fuse_transformer(g: Graph, registries: Sequence[Any] | None = None) -> dict[
     """The extended-level fusions of one graph, in dependency order (Gelu first, so that the
     bias and GEMM fusions see the fused Gelu nodes); ``registries``: the session's kernel
     registries in priority order (see ``ProviderPolicy``). Returns how many of each were made."""
+    from .attention import fuse_attention
+
     policy = ProviderPolicy(registries)
     return {
         "Gelu": fuse_gelu(g, policy),
         "SkipLayerNormalization": fuse_skip_layer_norm(g, policy),
         "MatMulBias": fuse_matmul_bias(g, policy),
+        "Attention": fuse_attention(g, policy),
         "BiasGelu": fuse_bias_gelu(g, policy),
     }

@@ -81,10 +81,14 @@ class LeakyRelu(Activation):
         return np.where(x < 0, x * self.alpha, x)
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(x))  # in (0, 1]: never overflows
+    return np.where(x >= 0, 1, e) / (1 + e)
+
+
 class Sigmoid(Activation):
     def f(self, x: np.ndarray) -> np.ndarray:
-        e = np.exp(-np.abs(x))  # in (0, 1]: never overflows
-        return np.where(x >= 0, 1, e) / (1 + e)
+        return sigmoid(x)
 
 
 class Elu(Activation):

@@ -85,8 +85,13 @@ class ConvBase(Kernel):
 
 class Conv(ConvBase):
     def compute(self, ctx: KernelContext) -> None:
-        x, w, b = ctx.input(0), ctx.input(1), ctx.input(2)
-        dtype = x.dtype
+        x = ctx.input(0)
+        y = self.convolve(x, ctx.input(1), ctx.input(2))
+        ctx.set_output(0, y.astype(x.dtype, copy=False))
+
+    def convolve(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+        """The convolution plus bias in the compute type (float32 for 16-bit floats), as a
+        new array the caller may overwrite."""
         x, w = wide(x), wide(w)
         n_sp = x.ndim - 2
         kernel, strides, dilations = self.window(w)
@@ -110,7 +115,7 @@ class Conv(ConvBase):
             y = self.im2col_gemm(x, wg, pads, kernel, strides, dilations, out_sp)
         if b is not None:
             y += b.reshape((M,) + (1,) * n_sp)
-        ctx.set_output(0, y.astype(dtype, copy=False))
+        return y
 
     # bytes of columns gathered per GEMM: bounds the scratch and keeps big layers in cache
     COLUMN_BYTES = 1 << 23
