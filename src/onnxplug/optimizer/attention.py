@@ -68,6 +68,8 @@ class _Dims:
     def __init__(self, view: _View):
         self.view = view
         self._terms: dict[str, list[Term] | None] = {}
+        # dims a matched pattern fixes (the fused op checks them when it runs)
+        self.alias: dict[tuple[str, int], tuple[str, int]] = {}
 
     # shape values ------------------------------------------------------------------------------
     def terms(self, name: str) -> list[Term] | None:
@@ -140,6 +142,9 @@ class _Dims:
             if rank is None:
                 break
             axis = axis % rank
+            if (name, axis) in self.alias:
+                name, axis = self.alias[(name, axis)]
+                continue
             n = self.view.producer.get(name)
             if n is None:
                 break
@@ -415,8 +420,14 @@ class _Matcher:
             ms = view.shape(m) if m is not None else None
             if m is not None and (ms is None or len(ms) > 4 or not self._broadcasts(ms, shape)):
                 return None
-        # output: [identity Reshape] -> Transpose[0,2,1,3] -> Reshape
+        # the fused op runs (B, N, S, T) scores for q (B, S, .) and k (B, T, .): the values
+        # between the scores and the output have those dims
         o = pv.outputs[0]
+        for x in (s_in, p, o):
+            self.dims.alias[(x, 0)] = (q.x3, 0)
+            self.dims.alias[(x, 2)] = (q.x3, 1)
+        self.dims.alias[(s_in, 3)] = self.dims.alias[(p, 3)] = (kt.x3, 1)
+        # output: [identity Reshape] -> Transpose[0,2,1,3] -> Reshape
         nxt = self._sole(o)
         r = self.prod(nxt, "Reshape") if nxt is not None else None
         if r is not None and self._identity(r):
@@ -605,7 +616,9 @@ def _projections(m: _Matcher, q: str, k: str, v: str) -> dict | None:
     t2, t3 = m.dims.terms(r2.inputs[1]), m.dims.terms(r3.inputs[1])
     if xs is None or len(xs) != 3 or t2 is None or t3 is None or len(t2) != 2 or len(t3) != 3:
         return None
-    if t2 != [-1, w.shape[0]] or xs[2] != w.shape[0] or t3[2] not in (w.shape[1], -1):
+    if xs[2] != w.shape[0] or t3[2] not in (w.shape[1], -1) or t2[0] != -1:
+        return None
+    if t2[1] != w.shape[0] and not (t2[1] != -1 and m.dims.same(t2[1], x, 2)):
         return None
     if not (m.dims.same(t3[0], x, 0) and m.dims.same(t3[1], x, 1)):
         return None
