@@ -416,6 +416,10 @@ class _Matcher:
         heads = {q.heads, kt.heads, v.heads}
         if len(heads) != 1 or q.size != kt.size:
             return None
+        # the mask must not broadcast the scores to a larger shape (checked again at run time)
+        sshape = view.shape(s)
+        if sshape is not None and not self._broadcasts(sshape, shape, exact=True):
+            return None
         for m in (mask, cond):
             ms = view.shape(m) if m is not None else None
             if m is not None and (ms is None or len(ms) > 4 or not self._broadcasts(ms, shape)):
@@ -489,10 +493,13 @@ class _Matcher:
         return c == -math.inf or c <= lowest
 
     @staticmethod
-    def _broadcasts(ms: tuple, scores: tuple) -> bool:
-        """A mask of shape ``ms`` cannot enlarge scores of shape ``scores`` (known dims)."""
+    def _broadcasts(ms: tuple, scores: tuple, exact: bool = False) -> bool:
+        """A value of shape ``ms`` does not enlarge one of shape ``scores`` (known dims);
+        ``exact``: the known dims are equal (the scores before and after the mask)."""
         for a, b in zip(reversed(ms), reversed(scores)):
-            if isinstance(a, int) and a != 1 and isinstance(b, int) and a != b:
+            if not (isinstance(a, int) and isinstance(b, int)):
+                continue
+            if a != b and (exact or a != 1):
                 return False
         return True
 

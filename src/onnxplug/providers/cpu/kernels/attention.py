@@ -59,7 +59,11 @@ def attention_scores_bias(
     ``bias`` plus ``mask_filter`` where ``masked`` (boolean, broadcastable) is set."""
     out = None
     if bias is not None:
-        if np.broadcast_shapes(bias.shape, shape) != shape:
+        try:
+            fits = np.broadcast_shapes(bias.shape, shape) == shape
+        except ValueError:
+            fits = False
+        if not fits:
             raise ValueError(f"attention_bias of shape {list(bias.shape)} does not broadcast to "
                              f"the scores' shape {list(shape)}")  # fmt: skip
         out = wide(bias)

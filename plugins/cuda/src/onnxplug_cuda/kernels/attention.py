@@ -1,0 +1,300 @@
+"""CUDA kernels of the fused attention ops (``com.microsoft`` and ``ai.onnxplug``
+``Attention`` / ``MultiHeadAttention``; the CPU provider's ``attention`` kernels define them).
+
+The generic path, for every float type: the heads are laid out as (B, N, S, H) (one copy per
+operand; Attention first projects ``input @ weights + bias`` in one cuBLASLt GEMM with a bias
+epilogue), ``scale * Q @ K^T`` is one strided-batched cuBLASLt GEMM over the B*N heads into a
+(B, N, S, T) scores buffer, one row kernel adds the attention bias and the masks (bias read
+through broadcast strides, ``mask_filter_value`` at masked positions), takes the softmax in
+float32 (float64 for float64) and zeroes NaN probabilities when ``zero_nan_probabilities`` is
+set, then ``P @ V`` is a second strided-batched GEMM, transposed into the (B, S, N*Hv) output.
+Under the host simulation the GEMM engine's numpy path and the row kernel's numpy twin run.
+
+No cuDNN SDPA (flash attention) path yet: every call takes the generic path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes
+
+from .. import blas
+from . import _fused as F
+from ._base import BF16, CudaKernel
+
+MS = "com.microsoft"
+PLUG = "ai.onnxplug"
+ATTENTION_TYPES = dtypes("float16", "float32", "float64") + BF16
+DEFAULT_MASK_FILTER = -10000.0
+
+_SOFTMAX_SRC = r"""
+// One block per score row (b, n, s) of T keys: v = x + bias[b, n, s, t] (+ filter where masked
+// by causality), rounded to the storage type and written back, then the softmax of the row in
+// the compute type; NaN probabilities become 0 when zero_nan is set.
+template <class Tr>
+__device__ void oxa_softmax(typename Tr::S* x, const typename Tr::W* __restrict__ bias,
+                            long long b0, long long b1, long long b2, long long b3,
+                            long long heads, long long S, long long T, int causal,
+                            double filter, int zero_nan) {
+  typedef typename Tr::W W;
+  __shared__ W sh[32];
+  const long long row = blockIdx.x;
+  const long long s = row % S, n = (row / S) % heads, b = row / (S * heads);
+  typename Tr::S* xr = x + row * T;
+  const long long last = s + (T - S);  // the last key a causal query sees
+  W m = ox_neg_inf(W(0));
+  for (long long t = threadIdx.x; t < T; t += blockDim.x) {
+    W v = Tr::ld(xr[t]);
+    if (bias) v += bias[b * b0 + n * b1 + s * b2 + t * b3];
+    if (causal && t > last) v += W(filter);
+    xr[t] = Tr::st(v);
+    v = Tr::ld(xr[t]);
+    m = v > m ? v : m;
+  }
+  m = ox_block_max(m, sh);
+  W sum = W(0);
+  for (long long t = threadIdx.x; t < T; t += blockDim.x) sum += exp(Tr::ld(xr[t]) - m);
+  sum = ox_block_sum(sum, sh);
+  for (long long t = threadIdx.x; t < T; t += blockDim.x) {
+    W p = exp(Tr::ld(xr[t]) - m) / sum;
+    if (zero_nan && isnan(p)) p = W(0);
+    xr[t] = Tr::st(p);
+  }
+}
+"""
+_SOFTMAX_ENTRY = r"""
+extern "C" __global__ void oxa_softmax_{k}({S}* x, const {W}* bias, long long b0, long long b1,
+    long long b2, long long b3, long long heads, long long S, long long T, int causal,
+    double filter, int zero_nan) {{
+  oxa_softmax<{Tr}>(x, bias, b0, b1, b2, b3, heads, S, T, causal, filter, zero_nan);
+}}
+"""
+_WIDE_C = {"f32": "float", "f64": "double", "f16": "float", "bf16": "float"}
+SOFTMAX_ROWS = F._RowModule(
+    F.ROWS_SRC
+    + _SOFTMAX_SRC
+    + "".join(
+        _SOFTMAX_ENTRY.format(k=k, Tr=tr, S=c, W=_WIDE_C[k]) for k, (tr, c) in F.ROW_TYPES.items()
+    )
+)
+
+
+def masked_softmax_np(
+    x: np.ndarray, bias: np.ndarray | None, causal: bool, filter_value: float, zero_nan: bool
+) -> None:
+    """The row kernel's twin: ``x`` (B, N, S, T) in place; ``bias`` in the compute type,
+    broadcastable to x."""
+    w = F.widen(x)
+    s, t = x.shape[2], x.shape[3]
+    with np.errstate(all="ignore"):
+        if bias is not None:
+            w = w + bias
+        if causal:
+            w = w + np.where(np.arange(t)[None, :] > np.arange(s)[:, None] + (t - s),
+                             w.dtype.type(filter_value), w.dtype.type(0))  # fmt: skip
+        np.copyto(x, w, casting="unsafe")  # the biased scores, rounded like the kernel's
+        w = F.widen(x)
+        e = np.exp(w - w.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+    if zero_nan:
+        p[np.isnan(p)] = 0
+    np.copyto(x, p, casting="unsafe")
+
+
+def _error(info: KernelInfo, msg: str) -> ValueError:
+    return ValueError(f"{info.op_type} node '{info.name}': {msg}")
+
+
+class _AttentionBase(CudaKernel):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.heads = int(info.attr("num_heads", 0))
+        if self.heads <= 0:
+            raise _error(info, f"num_heads must be positive, got {self.heads}")
+        scale = info.attr("scale", 0.0)
+        self.scale = float(scale) if scale else None
+        self.causal = bool(info.attr("unidirectional", 0))
+        self.mask_filter = float(info.attr("mask_filter_value", DEFAULT_MASK_FILTER))
+        self.zero_nan = bool(info.attr("zero_nan_probabilities", 0))
+        self.gemm = blas.engine_for(self.ep)
+        self.dtype = info.input_dtype(0)
+
+    def heads_of(self, x3: Any) -> Any:
+        """(B, S, N*H) -> dense (B, N, S, H)."""
+        b, s, d = x3.shape
+        n = self.heads
+        return self.xp.ascontiguousarray(x3.reshape(b, s, n, d // n).transpose(0, 2, 1, 3))
+
+    def additive(self, ctx: KernelContext, bias: Any, mask: Any, shape: tuple) -> Any:
+        """The attention bias plus ``mask_filter_value`` at masked positions, in the compute
+        type, broadcastable to the scores' ``shape`` (None: neither)."""
+        xp = self.xp
+        dt = np.dtype(self.dtype if self.dtype is not None else ctx.input(0).dtype)
+        wide = np.float64 if dt == np.float64 else np.float32
+        out = None
+        if bias is not None:
+            if len(bias.shape) > 4 or _broadcast(bias.shape, shape) != shape:
+                raise _error(self.info, f"attention_bias of shape {list(bias.shape)} does not "
+                                        f"broadcast to the scores' shape {list(shape)}")  # fmt: skip
+            out = blas.widen(xp, bias, dt).astype(wide, copy=False)
+        if mask is not None:
+            b, _, s, t = shape
+            if mask.ndim == 1 and mask.shape[0] == b:
+                masked = xp.arange(t)[None, :] >= mask.astype(xp.int64)[:, None]
+                masked = masked[:, None, None, :]
+            elif mask.shape == (b, t):
+                masked = (mask == 0)[:, None, None, :]
+            elif mask.shape == (b, s, t):
+                masked = (mask == 0)[:, None, :, :]
+            else:
+                raise _error(self.info, f"mask of shape {list(mask.shape)} is not supported "
+                                        f"(expected ({b}), ({b}, {t}) or ({b}, {s}, {t}))")  # fmt: skip
+            add = xp.where(masked, wide(self.mask_filter), wide(0))
+            out = add if out is None else out + add
+        return out
+
+    def attend(self, ctx: KernelContext, q4: Any, k4: Any, v4: Any, bias: Any, mask: Any) -> Any:
+        """Attention of dense (B, N, S, H) heads: the (B, S, N*Hv) result (a new array)."""
+        xp = self.xp
+        dt = np.dtype(self.dtype if self.dtype is not None else ctx.input(0).dtype)
+        b, n, s, h = q4.shape
+        t, hv = k4.shape[2], v4.shape[3]
+        if k4.shape[:2] != (b, n) or v4.shape[:3] != (b, n, t) or k4.shape[3] != h:
+            raise _error(self.info, f"query heads {list(q4.shape)}, key heads "
+                                    f"{list(k4.shape)} and value heads {list(v4.shape)} "
+                                    "disagree")  # fmt: skip
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(h)
+        shape = (b, n, s, t)
+        add = self.additive(ctx, bias, mask, shape)
+        scores = xp.empty(shape, dtype=q4.dtype)
+        self.gemm(ctx, q4, k4, scores, trans_b=True, alpha=scale, dtype=dt)
+        if scores.size:
+            self.softmax(scores, add, dt)
+        ctx4 = xp.empty((b, n, s, hv), dtype=q4.dtype)
+        self.gemm(ctx, scores, v4, ctx4, dtype=dt)
+        return ctx4.transpose(0, 2, 1, 3).reshape(b, s, n * hv)
+
+    def softmax(self, scores: Any, add: Any, dt: np.dtype) -> None:
+        xp = self.xp
+        if xp is np:
+            masked_softmax_np(scores, add, self.causal, self.mask_filter, self.zero_nan)
+            return
+        b, n, s, t = scores.shape
+        strides = [0, 0, 0, 0]
+        if add is not None:
+            add = xp.ascontiguousarray(add)
+            a4 = add.reshape((1,) * (4 - add.ndim) + add.shape)
+            strides = [0 if d == 1 else st // a4.itemsize for d, st in zip(a4.shape, a4.strides)]
+        fn = SOFTMAX_ROWS.function(xp, "oxa_softmax_" + F.storage_key(dt))
+        fn(
+            (b * n * s,),
+            (F.block_size(t),),
+            (
+                scores, _NULL if add is None else add, *(np.int64(v) for v in strides),
+                np.int64(n), np.int64(s), np.int64(t), np.int32(self.causal),
+                np.float64(self.mask_filter), np.int32(self.zero_nan),
+            ),
+        )  # fmt: skip
+
+
+_NULL = np.uint64(0)
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple:
+    out = []
+    for x, y in zip((1,) * (len(b) - len(a)) + tuple(a), b):
+        out.append(y if x == 1 else (x if y == 1 or x == y else -1))
+    return tuple(out)
+
+
+class MultiHeadAttention(_AttentionBase):
+    def compute(self, ctx: KernelContext) -> None:
+        xp = self.xp
+        q, k, v = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
+        bias, kpm, attn_bias = self.arg(ctx, 3), self.arg(ctx, 4), self.arg(ctx, 5)
+        past_k, past_v = self.arg(ctx, 6), self.arg(ctx, 7)
+        if k is None or v is None or q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+            raise _error(self.info, "query, key and value must be 3-D (B, S, D); packed "
+                                    "QKV/KV and BNSH key/value inputs are not supported")  # fmt: skip
+        d, dv, n = q.shape[2], v.shape[2], self.heads
+        if d % n or k.shape[2] != d or dv % n or k.shape[:2] != v.shape[:2]:
+            raise _error(self.info, f"query {list(q.shape)}, key {list(k.shape)} and value "
+                                    f"{list(v.shape)} do not split into {n} heads")  # fmt: skip
+        dt = np.dtype(self.dtype if self.dtype is not None else ctx.input(0).dtype)
+        if bias is not None:
+            if bias.shape != (2 * d + dv,):
+                raise _error(self.info, f"bias must have shape ({2 * d + dv},)")
+            q, k, v = (_add(xp, x, bias[a:z], dt) for x, a, z in
+                       ((q, 0, d), (k, d, 2 * d), (v, 2 * d, 2 * d + dv)))  # fmt: skip
+        q4, k4, v4 = self.heads_of(q), self.heads_of(k), self.heads_of(v)
+        if past_k is not None and past_v is not None:
+            k4 = xp.concatenate([past_k, k4], axis=2)
+            v4 = xp.concatenate([past_v, v4], axis=2)
+        out = self.attend(ctx, q4, k4, v4, attn_bias, kpm)
+        self.alloc(ctx, 0, out.shape, dt)[...] = out
+        if ctx.has_output(1):
+            self.alloc(ctx, 1, k4.shape, dt)[...] = k4
+        if ctx.has_output(2):
+            self.alloc(ctx, 2, v4.shape, dt)[...] = v4
+
+
+def _add(xp: Any, x: Any, b: Any, dt: np.dtype) -> Any:
+    """``x + b`` in the storage type (16-bit floats added in float32 and rounded once)."""
+    out = xp.empty(x.shape, dtype=x.dtype)
+    blas.store(xp, blas.widen(xp, x, dt) + blas.widen(xp, b, dt), out, dt)
+    return out
+
+
+class Attention(_AttentionBase):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        sizes = info.attr("qkv_hidden_sizes")
+        self.sizes = [int(x) for x in sizes] if sizes else None
+        if info.attr("do_rotary", 0):
+            raise _error(info, "do_rotary=1 is not supported")
+
+    def compute(self, ctx: KernelContext) -> None:
+        xp = self.xp
+        x, w, bias, mask, past = (self.arg(ctx, i) for i in range(5))
+        attn_bias = self.arg(ctx, 5)
+        if x.ndim != 3 or w.ndim != 2 or w.shape[0] != x.shape[2]:
+            raise _error(self.info, f"input {list(x.shape)} and weights {list(w.shape)} do not "
+                                    "align")  # fmt: skip
+        b, s, din = x.shape
+        n, total = self.heads, w.shape[1]
+        dq, dk, dv = self.sizes or [total // 3] * 3
+        if dq + dk + dv != total or dq != dk or dq % n or dv % n:
+            raise _error(self.info, f"weights' {total} columns do not split into Q/K/V sizes "
+                                    f"{[dq, dk, dv]} of {n} heads")  # fmt: skip
+        if bias is not None and bias.shape != (total,):
+            raise _error(self.info, f"bias must have shape ({total},)")
+        dt = np.dtype(self.dtype if self.dtype is not None else ctx.input(0).dtype)
+        qkv = xp.empty((b * s, total), dtype=x.dtype)
+        self.gemm(ctx, x.reshape(b * s, din), w, qkv, bias=bias, dtype=dt)
+        qkv = qkv.reshape(b, s, total)
+        q4 = self.heads_of(qkv[..., :dq])
+        k4 = self.heads_of(qkv[..., dq : dq + dk])
+        v4 = self.heads_of(qkv[..., dq + dk :])
+        if past is not None:
+            if past.ndim != 5 or past.shape[:3] != (2, b, n):
+                raise _error(self.info, f"past must be (2, {b}, {n}, P, H)")
+            k4 = xp.concatenate([past[0], k4], axis=2)
+            v4 = xp.concatenate([past[1], v4], axis=2)
+        out = self.attend(ctx, q4, k4, v4, attn_bias, mask)
+        self.alloc(ctx, 0, out.shape, dt)[...] = out
+        if ctx.has_output(1):
+            present = self.alloc(ctx, 1, (2, *k4.shape), dt)
+            present[0] = k4
+            present[1] = v4
+
+
+def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
+    for domain in (MS, PLUG):
+        reg.kernel("MultiHeadAttention", domain=domain, since=1, types={0: ATTENTION_TYPES})(
+            MultiHeadAttention
+        )
+        reg.kernel("Attention", domain=domain, since=1, types={0: ATTENTION_TYPES})(Attention)
