@@ -196,8 +196,13 @@ def test_where_mask_with_lowest_fill_fuses():
 
 @pytest.mark.parametrize(
     "case",
-    ["scale_not_constant", "softmax_read_elsewhere", "scores_read_elsewhere", "mask_enlarges",
-     "where_fill_not_lowest"],  # fmt: skip
+    [
+        "scale_not_constant",
+        "softmax_read_elsewhere",
+        "scores_read_elsewhere",
+        "mask_enlarges",
+        "where_fill_not_lowest",
+    ],  # fmt: skip
 )
 def test_must_not_fuse(case):
     feeds = _base_feeds()
@@ -222,8 +227,15 @@ def test_must_not_fuse(case):
 
 def test_attention_kernel_rejects_a_bias_that_does_not_broadcast():
     g = helper.make_graph(
-        [helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "bias"], ["y"],
-                          domain="com.microsoft", num_heads=N)],  # fmt: skip
+        [
+            helper.make_node(
+                "MultiHeadAttention",
+                ["q", "k", "v", "", "", "bias"],
+                ["y"],
+                domain="com.microsoft",
+                num_heads=N,
+            )
+        ],  # fmt: skip
         "mha",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [B, S, D]) for n in "qkv"]
         + [helper.make_tensor_value_info("bias", TensorProto.FLOAT, [B, 3, S, S])],

@@ -687,14 +687,16 @@ def _check_model(model: bytes, providers: list[str], fused_ops: list[str]) -> No
 
 
 def test_bert_like_model(providers):
-    """2 layers: each Linear + bias is a MatMulBias (the FFN's with the Gelu), the output
-    denses keep their MatMul with the bias absorbed into SkipLayerNormalization."""
+    """2 layers: the self-attention (Q/K/V MatMulBias, heads, scores, mask, softmax, context)
+    is one Attention, the FFN's first Linear a MatMulBias with the Gelu, the output denses keep
+    their MatMul with the bias absorbed into SkipLayerNormalization."""
     model = bert_model()
     before, after = _count(model)
-    assert after["MatMulBias"] == 2 * 4 and after["SkipLayerNormalization"] == 1 + 2 * 2
-    assert not {"Erf", "LayerNormalization"} & set(after)
-    assert (before, sum(after.values())) == (2 + 2 * 35, 1 + 2 * 22)
-    _check_model(model, providers, ["MatMulBias", "SkipLayerNormalization"])
+    assert after["Attention"] == 2 and after["MatMulBias"] == 2
+    assert after["SkipLayerNormalization"] == 1 + 2 * 2
+    assert not {"Erf", "LayerNormalization", "Softmax", "Transpose"} & set(after)
+    assert (before, sum(after.values())) == (2 + 2 * 35, 1 + 2 * 6)
+    _check_model(model, providers, ["Attention", "MatMulBias", "SkipLayerNormalization"])
 
 
 def test_gpt2_like_model(providers):
@@ -703,9 +705,10 @@ def test_gpt2_like_model(providers):
     model = gpt2_model()
     before, after = _count(model)
     assert after["SkipLayerNormalization"] == 2 * 2 + 1 and after["FastGelu"] == 2
-    assert not {"Tanh", "Pow", "LayerNormalization"} & set(after)
-    assert (before, sum(after.values())) == (2 + 2 * 39, 1 + 2 * 30)
-    _check_model(model, providers, ["FastGelu", "SkipLayerNormalization"])
+    assert after["Attention"] == 2  # c_attn's GEMM, its Split and the attention
+    assert not {"Tanh", "Pow", "LayerNormalization", "Softmax", "Transpose"} & set(after)
+    assert (before, sum(after.values())) == (2 + 2 * 39, 1 + 2 * 13)
+    _check_model(model, providers, ["Attention", "FastGelu", "SkipLayerNormalization"])
 
 
 # ---------------------------------------------------------------------------------------------

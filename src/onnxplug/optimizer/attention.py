@@ -111,10 +111,10 @@ class _Dims:
                 out += t
             return out
         if op == "Gather" and int(n.attrs.get("axis", 0)) == 0:
-            src, idx = self.terms(ins[0]), self._const_ints(ins[1])
-            if src is None or idx is None or any(not -len(src) <= i < len(src) for i in idx):
+            src, picks = self.terms(ins[0]), self._const_ints(ins[1])
+            if src is None or picks is None or any(not -len(src) <= i < len(src) for i in picks):
                 return None
-            return [src[i] for i in idx]
+            return [src[i] for i in picks]
         if op == "Slice" and len(ins) >= 3:
             src = self.terms(ins[0])
             starts, ends = self._const_ints(ins[1]), self._const_ints(ins[2])
@@ -202,7 +202,11 @@ class _Dims:
                 return sizes[k] if sizes is not None and k < len(sizes) else None
             if n.op_type == "Reshape":
                 t = self.terms(n.inputs[1])
-                return t[axis] if t is not None and len(t) == rank and isinstance(t[axis], int) and t[axis] > 0 else None
+                return (
+                    t[axis]
+                    if t is not None and len(t) == rank and isinstance(t[axis], int) and t[axis] > 0
+                    else None
+                )
             if n.op_type != "Transpose":
                 return None
             name, axis = self._source(n, name, axis, rank) or (name, axis)
@@ -326,7 +330,11 @@ class _Matcher:
         # dynamo: Reshape(Transpose[0,2,1](Reshape(K4, [-1, L, H])), [B, N, H, L])
         r2 = self.prod(kt, "Reshape")
         t = self.prod(r2.inputs[0], "Transpose") if r2 is not None else None
-        r1 = self.prod(t.inputs[0], "Reshape") if t is not None and self.perm(t) == [0, 2, 1] else None
+        r1 = (
+            self.prod(t.inputs[0], "Reshape")
+            if t is not None and self.perm(t) == [0, 2, 1]
+            else None
+        )
         if r1 is None or r2 is None or t is None:
             return None
         k4 = r1.inputs[0]
@@ -474,9 +482,7 @@ class _Matcher:
     def _sole(self, name: str) -> str | None:
         """The output of the one node reading ``name`` other than Shape/Size nodes (whose
         reads of the shape only are checked when the pattern's helpers are collected)."""
-        readers = [
-            r for r in self.view.readers.get(name, []) if r.op_type not in ("Shape", "Size")
-        ]
+        readers = [r for r in self.view.readers.get(name, []) if r.op_type not in ("Shape", "Size")]
         if name in self.view.outputs or len(readers) != 1 or not readers[0].outputs:
             return None
         return readers[0].outputs[0]
@@ -614,24 +620,34 @@ def _projections(m: _Matcher, q: str, k: str, v: str) -> dict | None:
         return None
     w = inits.get(gemm.inputs[1])
     b = inits.get(gemm.inputs[2]) if len(gemm.inputs) > 2 and gemm.inputs[2] else None
-    if w is None or w.ndim != 2 or (b is not None and b.shape != (w.shape[1 - int(gemm.attrs.get("transB", 0))],)):
+    if (
+        w is None
+        or w.ndim != 2
+        or (b is not None and b.shape != (w.shape[1 - int(gemm.attrs.get("transB", 0))],))
+    ):
         return None
     if gemm.attrs.get("transB", 0):
         w = np.ascontiguousarray(w.T)
     x = r2.inputs[0]
-    xs = view.shape(x)
+    x_shape = view.shape(x)
     t2, t3 = m.dims.terms(r2.inputs[1]), m.dims.terms(r3.inputs[1])
-    if xs is None or len(xs) != 3 or t2 is None or t3 is None or len(t2) != 2 or len(t3) != 3:
+    if x_shape is None or len(x_shape) != 3 or t2 is None or t3 is None:
         return None
-    if xs[2] != w.shape[0] or t3[2] not in (w.shape[1], -1) or t2[0] != -1:
+    if (
+        len(t2) != 2
+        or len(t3) != 3
+        or x_shape[2] != w.shape[0]
+        or t3[2] not in (w.shape[1], -1)
+        or t2[0] != -1
+    ):
         return None
     if t2[1] != w.shape[0] and not (t2[1] != -1 and m.dims.same(t2[1], x, 2)):
         return None
     if not (m.dims.same(t3[0], x, 0) and m.dims.same(t3[1], x, 1)):
         return None
-    sizes = m.g.initializers.get(sp.inputs[1]) if len(sp.inputs) > 1 and sp.inputs[1] else None
+    given = m.g.initializers.get(sp.inputs[1]) if len(sp.inputs) > 1 and sp.inputs[1] else None
     total = w.shape[1]
-    split = [int(s) for s in sizes] if sizes is not None else [total // 3] * 3
+    split = [int(s) for s in given] if given is not None else [total // 3] * 3
     if sum(split) != total or len(split) != 3:
         return None
     if b is None:
@@ -662,9 +678,9 @@ def fuse_attention(g: Graph, policy: ProviderPolicy | None = None) -> int:
         if proj is not None and proj["sizes"][0] == proj["sizes"][1]:
             op, inner = "Attention", inner + proj["nodes"]
         keep = {found["mask"], found["cond"], last.inputs[1] if found["keep_reshape"] else None}
-        keep |= {proj["x"]} if op == "Attention" else {q.x3, k.x3, v.x3}
+        keep |= {proj["x"]} if proj is not None and op == "Attention" else {q.x3, k.x3, v.x3}
         helpers = _dead_helpers(view, {id(n) for n in inner}, {x for x in keep if x})
-        if not _private(view, inner + helpers, final) and op == "Attention":
+        if not _private(view, inner + helpers, final) and proj is not None and op == "Attention":
             op, inner = "MultiHeadAttention", inner[: -len(proj["nodes"])]
             keep = {found["mask"], found["cond"], q.x3, k.x3, v.x3}
             keep.add(last.inputs[1] if found["keep_reshape"] else None)

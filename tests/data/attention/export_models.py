@@ -25,17 +25,34 @@ class Wrapper(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask):
         kw = {"use_cache": False} if self.gpt2 else {}
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, **kw).last_hidden_state
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, **kw
+        ).last_hidden_state
 
 
 def build(kind: str, impl: str) -> torch.nn.Module:
     if kind == "bert":
-        cfg = BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=32, max_position_embeddings=16, attn_implementation=impl)
+        cfg = BertConfig(
+            vocab_size=32,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=16,
+            attn_implementation=impl,
+        )
         model = BertModel(cfg)
     else:
-        cfg = GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2, n_positions=16,
-                         bos_token_id=0, eos_token_id=0, attn_implementation=impl)
+        cfg = GPT2Config(
+            vocab_size=32,
+            n_embd=16,
+            n_layer=1,
+            n_head=2,
+            n_positions=16,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation=impl,
+        )
         model = GPT2Model(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -66,17 +83,30 @@ def main() -> None:
             model = build(kind, impl)
             for dynamo in (False, True):
                 path = HERE / f"{kind}_{impl}_{'dynamo' if dynamo else 'torchscript'}.onnx"
-                names = dict(input_names=["input_ids", "attention_mask"],
-                             output_names=["last_hidden_state"])
+                names = dict(
+                    input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"]
+                )
                 if dynamo:
                     b, s = torch.export.Dim("batch"), torch.export.Dim("seq", max=16)
-                    torch.onnx.export(model, (ids, mask), path, dynamo=True, **names,
-                                      dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
+                    torch.onnx.export(
+                        model,
+                        (ids, mask),
+                        path,
+                        dynamo=True,
+                        **names,
+                        dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}),
+                    )
                 else:
                     axes = {0: "batch", 1: "seq"}
-                    torch.onnx.export(model, (ids, mask), path, dynamo=False, opset_version=17,
-                                      dynamic_axes={"input_ids": axes, "attention_mask": axes},
-                                      **names)
+                    torch.onnx.export(
+                        model,
+                        (ids, mask),
+                        path,
+                        dynamo=False,
+                        opset_version=17,
+                        dynamic_axes={"input_ids": axes, "attention_mask": axes},
+                        **names,
+                    )
                 strip(path)
                 (path.parent / (path.name + ".data")).unlink(missing_ok=True)
 

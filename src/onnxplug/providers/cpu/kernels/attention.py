@@ -26,7 +26,6 @@ onnxruntime does. float16/bfloat16 compute in float32 and round once at the end.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
