@@ -22,6 +22,8 @@ that transformer exporters emit become single nodes, so that each costs one kern
 * MatMul(x, 2-D constant W) + Add(1-D constant bias) [+ Relu / Gelu / FastGelu] ->
   ``ai.onnxplug`` ``MatMulBias(A, B, bias)`` with ``activation`` "", "Relu", "Gelu" or
   "FastGelu": one GEMM with a bias (and activation) epilogue on the GPU.
+* The exporters' multi-head attention subgraph -> ``Attention`` / ``MultiHeadAttention``
+  (``com.microsoft``, or ``ai.onnxplug`` with the sdpa export's NaN guard): see ``attention``.
 * Add(x, 1-D constant bias) + Gelu -> ``com.microsoft`` ``BiasGelu``; + FastGelu (or ONNX's
   tanh Gelu) -> ``FastGelu(x, bias)``.
 

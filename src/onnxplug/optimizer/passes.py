@@ -2,7 +2,8 @@
 
 Levels follow onnxruntime: 0 disables everything; 1 (basic) folds constants, removes no-op
 nodes and folds Conv + BatchNormalization; 2 (extended) and above add the transformer fusions
-(Gelu, SkipLayerNormalization, MatMulBias, BiasGelu: see ``fusions``).
+(Gelu, SkipLayerNormalization, MatMulBias, attention, BiasGelu: see ``fusions`` and
+``attention``).
 """
 
 from __future__ import annotations
