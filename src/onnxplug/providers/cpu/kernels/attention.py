@@ -26,6 +26,7 @@ onnxruntime does. float16/bfloat16 compute in float32 and round once at the end.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +113,18 @@ class _AttentionBase(Kernel):
         self.mask_filter = float(info.attr("mask_filter_value", DEFAULT_MASK_FILTER))
         self.zero_nan = bool(info.attr("zero_nan_probabilities", 0))
 
+    def attend_masked(
+        self, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, bias: Any, mask: Any
+    ) -> np.ndarray:
+        """``run_heads`` with a padding mask (key_padding_mask / mask_index) or None; errors
+        name the node."""
+        b, _, s, _ = q4.shape
+        masked = None if mask is None else _padding_mask(self.info, mask, b, s, k4.shape[2])
+        try:
+            return self.run_heads(q4, k4, v4, bias, masked)
+        except ValueError as e:
+            raise _error(self.info, str(e)) from None
+
     def run_heads(
         self,
         q: np.ndarray,
@@ -177,12 +190,7 @@ class MultiHeadAttention(_AttentionBase):
         if past_k is not None and past_v is not None:
             k4 = np.concatenate([wide(past_k), k4], axis=2)
             v4 = np.concatenate([wide(past_v), v4], axis=2)
-        t = k4.shape[2]
-        masked = None if kpm is None else _padding_mask(info, kpm, b, s, t)
-        try:
-            out = self.run_heads(q4, k4, v4, attn_bias, masked)
-        except ValueError as e:
-            raise _error(info, str(e)) from None
+        out = self.attend_masked(q4, k4, v4, attn_bias, kpm)
         ctx.set_output(0, out.astype(dt, copy=False))
         if ctx.has_output(1):
             ctx.set_output(1, np.ascontiguousarray(k4).astype(dt, copy=False))
@@ -229,12 +237,7 @@ class Attention(_AttentionBase):
                 raise _error(info, f"past must be (2, {b}, {n}, P, H), got {list(past.shape)}")
             k4 = np.concatenate([wide(past[0]), k4], axis=2)
             v4 = np.concatenate([wide(past[1]), v4], axis=2)
-        t = k4.shape[2]
-        masked = None if mask is None else _padding_mask(info, mask, b, s, t)
-        try:
-            out = self.run_heads(q4, k4, v4, attn_bias, masked)
-        except ValueError as e:
-            raise _error(info, str(e)) from None
+        out = self.attend_masked(q4, k4, v4, attn_bias, mask)
         ctx.set_output(0, out.astype(dt, copy=False))
         if ctx.has_output(1):
             ctx.set_output(1, np.stack([k4, v4]).astype(dt, copy=False))
