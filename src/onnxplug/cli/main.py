@@ -375,7 +375,11 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                 f"--pattern '{args.pattern}' is not a valid regular expression: {e}"
             ) from None
     assert providers is not None
-    kwargs = {"check": True} if args.check else {}
+    kwargs: dict[str, Any] = {"check": True} if args.check else {}
+    if args.repeat != 1:
+        if args.repeat < 1:
+            raise CliError(f"--repeat must be at least 1, not {args.repeat}")
+        kwargs["repeats"] = args.repeat
     return int(
         main_run(
             providers=providers,
@@ -522,6 +526,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--check",
         action="store_true",
         help="exit 1 when CPU results contradict the checked-in expected-failure list",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every case N times on its session (recording, prepared, steady runs)",
     )
     p.set_defaults(func=cmd_conformance)
 

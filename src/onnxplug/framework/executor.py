@@ -346,7 +346,7 @@ class GraphRunner:
             dev0 = spec.out_devices[0] if spec.out_devices else None
             cache = f.scratch.get(dev0) if dev0 is not None else None
             if cache is not None:
-                scratch = _scratch_fn(cache, stream)
+                scratch = _scratch_fn(cache.workspaces, stream)
             ctx = KernelContext(
                 values,
                 spec.in_slots,

@@ -101,6 +101,7 @@ class _Resources:
         self.runner = runner
         self.frame = frame
         self.graphs: list[tuple[Any, int]] = []  # (ep, graph id)
+        self.held: list[tuple[Any, list[int]]] = []  # (frame scratch, blocks the graphs use)
         self.closed = False
 
     def release_graphs(self) -> None:
@@ -110,6 +111,9 @@ class _Resources:
                 ep.release_graph(gid)
             except Exception:  # a provider already gone: nothing left to free
                 pass
+        held, self.held = self.held, []
+        for cache, ptrs in held:
+            cache.release_held(ptrs)
 
     def close(self) -> None:
         if self.closed:
@@ -359,15 +363,15 @@ class GraphCapture:
         ep.begin_graph_capture(seg.stream)
         for c in caches:
             c.capturing = True
+            c.begin_hold()  # the temporaries the graph writes on every replay stay its own
         try:
             _run_steps(steps, values, where, run_options)
             gid = next(_ids)
-            for c in caches:
-                c.capturing = False
+            self._end_holds(ctx, caches)
             ep.end_graph_capture(seg.stream, gid)
         except Exception as e:
-            for c in caches:
-                c.capturing = False
+            for c, ptrs in self._end_holds(ctx, caches, keep=False):
+                c.release_held(ptrs)
             try:
                 ep.abort_graph_capture(seg.stream)
             except Exception:
@@ -387,6 +391,18 @@ class GraphCapture:
         counters.bump(counters.GRAPH_CAPTURES)
         ep.replay_graph(gid)  # the captured work has not run yet
         counters.bump(counters.GRAPH_REPLAYS)
+
+    @staticmethod
+    def _end_holds(
+        ctx: _Context, caches: list[Any], keep: bool = True
+    ) -> list[tuple[Any, list[int]]]:
+        out = []
+        for c in caches:
+            c.capturing = False
+            out.append((c, c.end_hold()))
+        if keep:
+            ctx.res.held.extend(out)
+        return out
 
     def _disable(self, ctx: _Context, reason: str) -> None:
         ctx.state = _Context.DISABLED

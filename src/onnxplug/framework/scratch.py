@@ -3,18 +3,28 @@ temporaries (CuPy's, say) and outputs whose size the plan could not fix.
 
 Every run of a shape signature on a frame makes the same requests in the same order, so a
 block freed by one run is exactly what the next run asks for. ``FrameScratch`` keeps freed
-blocks in free lists keyed by (size, stream) and hands them out again: after the first run a
-frame takes nothing from the provider's allocator. Blocks never move between streams, so
+blocks in free lists keyed by (size, stream, kind) and hands them out again: after the first
+run a frame takes nothing from the provider's allocator. Blocks never move between streams, so
 stream order alone makes reuse safe; a frame runs one run at a time.
 
-This is also what makes graph capture possible: while a frame's stream captures, a request
-the cache cannot serve would be a device allocation inside the graph, and raises
+Two kinds of blocks never share memory:
+
+* *workspaces* (``ctx.scratch``: cuBLASLt's, cuDNN's) are only ever used inside one library
+  call, so any later workspace request of the stream may reuse one, even a block a captured
+  graph or a prepared call keeps using: on one stream their uses never overlap;
+* *values* (library temporaries, outputs) may live across calls. A captured graph writes the
+  temporaries it was recorded with on every replay, so blocks handed out while a capture is
+  recorded are *held*: they are never handed to anything else until the graph is released
+  (``begin_hold``/``end_hold``/``release_held``).
+
+This is also what makes graph capture possible at all: while a frame's stream captures, a
+request the cache cannot serve would be a device allocation inside the graph, and raises
 ``GraphCaptureViolation`` instead (the capture is abandoned and the run finishes eagerly).
 
-The cache is an ``Allocator``, so the executor and kernels allocate from it with
-``allocate(scratch, nbytes, stream)`` like from any allocator, and providers route library
-allocations to it through ``current_scratch(device)`` (set for the thread by the executor for
-the duration of a run).
+The cache is an ``Allocator`` (of values; ``workspaces`` is the allocator of workspaces), so
+the executor and kernels allocate from it with ``allocate(scratch, nbytes, stream)``, and
+providers route library allocations to it through ``current_scratch(device)`` (set for the
+thread by the executor for the duration of a run).
 """
 
 from __future__ import annotations
@@ -25,6 +35,9 @@ from typing import Any
 from ..errors import GraphCaptureViolation
 from .memory import Allocator, Device
 
+VALUE = 0
+WORKSPACE = 1
+
 
 class FrameScratch(Allocator):
     """Free lists of blocks of one device, served to the frame that owns them."""
@@ -32,28 +45,38 @@ class FrameScratch(Allocator):
     def __init__(self, allocator: Allocator):
         self.allocator = allocator
         self.memory_info = allocator.memory_info
-        self._free: dict[tuple[int, Any], list[int]] = {}
-        self._live: dict[int, tuple[int, Any]] = {}  # ptr -> (size, stream key) handed out
+        self._free: dict[tuple[int, Any, int], list[int]] = {}
+        self._live: dict[int, tuple[int, Any, int]] = {}  # ptr -> its free-list key, in use
         self._owned: dict[int, int] = {}  # ptr -> size, every block taken from the allocator
         self._lock = threading.Lock()  # a free may come from any thread (a dropped output)
         self.capturing = False
         self.closed = False
         self.misses = 0  # blocks taken from the allocator (what a steady state must not do)
+        self._holding: list[int] | None = None  # value blocks handed out while holding
+        self._held: set[int] = set()
+        self._freed_held: set[int] = set()  # held blocks their user freed meanwhile
+        self.workspaces = _Workspaces(self)
 
     @property
     def is_stream_aware(self) -> bool:
         return True
 
     def alloc(self, size: int) -> int:
-        return self.alloc_on_stream(size, None)
+        return self.take(size, None, VALUE)
 
     def alloc_on_stream(self, size: int, stream: Any) -> int:
-        key = (size, stream)
+        return self.take(size, stream, VALUE)
+
+    def take(self, size: int, stream: Any, kind: int) -> int:
+        key = (size, stream, kind)
+        hold = kind == VALUE and self._holding is not None
         with self._lock:
             blocks = self._free.get(key)
             if blocks:
                 ptr = blocks.pop()
                 self._live[ptr] = key
+                if hold:
+                    self._hold(ptr)
                 return ptr
             if self.capturing:
                 raise GraphCaptureViolation(
@@ -69,10 +92,20 @@ class FrameScratch(Allocator):
             with self._lock:
                 self._owned[ptr] = size
                 self._live[ptr] = key
+                if hold:
+                    self._hold(ptr)
         return ptr
+
+    def _hold(self, ptr: int) -> None:
+        assert self._holding is not None
+        self._holding.append(ptr)
+        self._held.add(ptr)
 
     def free(self, ptr: int) -> None:
         with self._lock:
+            if ptr in self._held:
+                self._freed_held.add(ptr)  # the holder's release frees it
+                return
             key = self._live.pop(ptr, None)
             if key is None:
                 return
@@ -82,16 +115,44 @@ class FrameScratch(Allocator):
             self._owned.pop(ptr, None)
         self.allocator.free(ptr)
 
+    # holds: value blocks a captured graph baked in stay its own -------------------------------
+    def begin_hold(self) -> None:
+        """From now, value blocks handed out stay reserved when freed, until ``release_held``:
+        a captured graph reuses their addresses on every replay, so nothing else may get them
+        (a value that outlives a replay would be overwritten)."""
+        with self._lock:
+            self._holding = []
+
+    def end_hold(self) -> list[int]:
+        with self._lock:
+            held, self._holding = self._holding or [], None
+        return held
+
+    def release_held(self, ptrs: list[int]) -> None:
+        """The graph that held these blocks is gone: they are free blocks again."""
+        done = []
+        with self._lock:
+            for p in ptrs:
+                if p not in self._held:
+                    continue
+                self._held.discard(p)
+                if p in self._freed_held:  # else still in use: its own free returns it
+                    self._freed_held.discard(p)
+                    done.append(p)
+        for p in done:
+            self.free(p)
+
+    # bookkeeping ------------------------------------------------------------------------------
     def owns(self, ptr: int) -> bool:
         return ptr in self._owned
 
     @property
     def cached_bytes(self) -> int:
         with self._lock:
-            return sum(size for (size, _), ptrs in self._free.items() for _ in ptrs)
+            return sum(key[0] * len(ptrs) for key, ptrs in self._free.items())
 
     def release_free(self) -> None:
-        """Give the free blocks back to the allocator (blocks in use stay)."""
+        """Give the free blocks back to the allocator (blocks in use, or held, stay)."""
         with self._lock:
             ptrs = [p for ps in self._free.values() for p in ps]
             self._free.clear()
@@ -104,13 +165,39 @@ class FrameScratch(Allocator):
         """The frame is gone: free blocks go back now, blocks in use when they are freed."""
         with self._lock:
             self.closed = True
+            freed = list(self._freed_held)
+            self._freed_held.clear()
+            self._held.clear()
+        for p in freed:
+            self.free(p)
         self.release_free()
 
     def get_stats(self) -> dict[str, int]:
         with self._lock:
-            in_use = sum(size for size, _ in self._live.values())
+            in_use = sum(key[0] for key in self._live.values())
             owned = sum(self._owned.values())
         return {"InUse": in_use, "TotalAllocated": owned, "NumAllocs": self.misses}
+
+
+class _Workspaces(Allocator):
+    """The allocator of a frame's workspace blocks (``KernelContext.scratch``)."""
+
+    def __init__(self, cache: FrameScratch):
+        self.cache = cache
+        self.memory_info = cache.memory_info
+
+    @property
+    def is_stream_aware(self) -> bool:
+        return True
+
+    def alloc(self, size: int) -> int:
+        return self.cache.take(size, None, WORKSPACE)
+
+    def alloc_on_stream(self, size: int, stream: Any) -> int:
+        return self.cache.take(size, stream, WORKSPACE)
+
+    def free(self, ptr: int) -> None:
+        self.cache.free(ptr)
 
 
 _tls = threading.local()

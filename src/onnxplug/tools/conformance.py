@@ -167,7 +167,12 @@ def _graph_ops(graph: Any) -> set[str]:
     return ops
 
 
-def run_case(case: Any, providers: list[Any], sess_options: Any = None) -> CaseResult:
+def run_case(
+    case: Any, providers: list[Any], sess_options: Any = None, repeats: int = 1
+) -> CaseResult:
+    """One case; with ``repeats`` > 1 every data set runs that many times on the session (the
+    first run records the signature's plan, the second binds prepared calls, later runs take
+    the steady state) and every run's outputs are checked."""
     import onnxplug as ox
 
     all_ops = _graph_ops(case.model.graph)
@@ -184,23 +189,10 @@ def run_case(case: Any, providers: list[Any], sess_options: Any = None) -> CaseR
     names = [i.name for i in sess.get_inputs()]
     for inputs, outputs in case.data_sets:
         feed = {n: _to_feed(v) for n, v in zip(names, inputs)}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                got = sess.run(None, feed)
-        except Exception as e:
-            return CaseResult(case.name, "run_error", _short(e), ops, on_provider)
-        try:
-            if random_ops:
-                ref = [_normalize(r) for r in outputs]
-                if len(ref) != len(got):
-                    raise AssertionError(f"expected {len(ref)} outputs, got {len(got)}")
-                for i, (r, o) in enumerate(zip(ref, got)):
-                    _compare_structure(r, _normalize(o), f"output {i}")
-            else:
-                compare_outputs(list(outputs), got, case.rtol, case.atol)
-        except (AssertionError, TypeError, ValueError) as e:
-            return CaseResult(case.name, "fail", _short(e), ops, on_provider)
+        for _ in range(max(1, repeats)):
+            result = _check_run(case, sess, feed, outputs, random_ops, ops, on_provider)
+            if result is not None:
+                return result
     if random_ops:
         return CaseResult(
             case.name,
@@ -211,6 +203,36 @@ def run_case(case: Any, providers: list[Any], sess_options: Any = None) -> CaseR
             on_provider,
         )
     return CaseResult(case.name, "pass", "", ops, on_provider)
+
+
+def _check_run(
+    case: Any,
+    sess: Any,
+    feed: dict[str, Any],
+    outputs: Any,
+    random_ops: list[str],
+    ops: str,
+    on_provider: bool,
+) -> CaseResult | None:
+    """One run of a data set: a failure's result, or None."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = sess.run(None, feed)
+    except Exception as e:
+        return CaseResult(case.name, "run_error", _short(e), ops, on_provider)
+    try:
+        if random_ops:
+            ref = [_normalize(r) for r in outputs]
+            if len(ref) != len(got):
+                raise AssertionError(f"expected {len(ref)} outputs, got {len(got)}")
+            for i, (r, o) in enumerate(zip(ref, got)):
+                _compare_structure(r, _normalize(o), f"output {i}")
+        else:
+            compare_outputs(list(outputs), got, case.rtol, case.atol)
+    except (AssertionError, TypeError, ValueError) as e:
+        return CaseResult(case.name, "fail", _short(e), ops, on_provider)
+    return None
 
 
 def _short(e: BaseException) -> str:
@@ -224,16 +246,18 @@ def run_suite(
     pattern: str | None = None,
     progress: bool = False,
     sess_options: Any = None,
+    repeats: int = 1,
 ) -> list[CaseResult]:
     """Every case (matching ``pattern``) on ``providers``, in name order; ``sess_options``
-    (an onnxplug.SessionOptions) applies to every case's session."""
+    (an onnxplug.SessionOptions) applies to every case's session; ``repeats``: runs per data
+    set (see ``run_case``)."""
     results = []
     cases = collect_cases(pattern)
     trace = os.environ.get("ONNXPLUG_CONFORMANCE_TRACE") == "1"  # find a case that crashes
     for k, case in enumerate(cases):
         if trace:
             print(f"case {case.name}", flush=True)
-        results.append(run_case(case, providers, sess_options))
+        results.append(run_case(case, providers, sess_options, repeats))
         if progress and k % 200 == 0:
             print(f"  {k}/{len(cases)}", flush=True)
     return results
@@ -321,13 +345,14 @@ def main_run(
     json_path: str | None,
     verbose: bool,
     check: bool = False,
+    repeats: int = 1,
 ) -> int:
     """Runs the suite and prints a summary line; with ``check`` (CPU provider only), returns 1
     when results contradict the expected-failure list."""
     import onnx
 
     t0 = time.perf_counter()
-    results = run_suite(providers, pattern)
+    results = run_suite(providers, pattern, repeats=repeats)
     dt = time.perf_counter() - t0
     s = summarize(results)
     if verbose:

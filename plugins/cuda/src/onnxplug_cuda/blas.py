@@ -159,6 +159,9 @@ class HostGemm:
     def __call__(self, ctx: Any, a: Any, b: Any, out: Any, **kw: Any) -> None:
         xp_gemm(np, a, b, out, **kw)
 
+    def prepare(self, ctx: Any, a: Any, b: Any, out: Any, **kw: Any) -> Any:
+        return lambda: xp_gemm(np, a, b, out, **kw)
+
 
 class XpGemm:
     """CuPy's matmul: used when nvmath-python is not importable (not graph-capturable)."""
@@ -171,6 +174,9 @@ class XpGemm:
     def __call__(self, ctx: Any, a: Any, b: Any, out: Any, **kw: Any) -> None:
         stats["xp"] += 1
         xp_gemm(self.xp, a, b, out, **kw)
+
+    def prepare(self, ctx: Any, a: Any, b: Any, out: Any, **kw: Any) -> Any:
+        return None  # CuPy's matmul: nothing to bind
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,6 +359,104 @@ class LtGemm:
             self._fallback(*full)
             return
         stats["cublaslt"] += 1
+
+    def prepare(
+        self,
+        ctx: Any,
+        a: Any,
+        b: Any,
+        out: Any,
+        *,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        c: Any = None,
+        bias: Any = None,
+        epilogue: str | None = None,
+        dtype: Any = None,
+    ) -> Any:
+        """The prepared form of a call: one ``cublasLtMatmul`` per batch with its descriptor
+        (of this node: the bias pointer is baked in, nothing is mutated per call), layouts,
+        algorithm, scalars and a workspace of the frame's, all bound; None where the call
+        would take another path (the caller then computes as usual)."""
+        dt = np.dtype(out.dtype if dtype is None else dtype)
+        if bias is not None and not (epilogue or "").endswith("BIAS"):
+            epilogue = {None: "BIAS", "RELU": "RELU_BIAS", "GELU": "GELU_BIAS"}[epilogue]
+        if out.size == 0 or (bias is not None and _ptr(bias) % 16):
+            return None
+        if c is not None and beta == 0:
+            c = None
+        if not (a.flags.c_contiguous and b.flags.c_contiguous):
+            return None
+        mode = 0 if c is None else (2 if c is out else 1)
+        if mode == 1 and (c.shape != out.shape or not c.flags.c_contiguous):
+            return None
+        gkey = (a.shape, b.shape, out.shape, trans_a, trans_b, mode, epilogue, dt)
+        geo = self._geo.get(gkey, _MISSING)
+        if geo is _MISSING:
+            geo = self._geometry(gkey)
+        if geo is None:
+            return None
+        pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
+        pc = pd if c is None or c is out else _ptr(c)
+        s0, s1, s2, s3 = geo.sal
+        al = (
+            (pb | s0) & -(pb | s0),
+            (pa | s1) & -(pa | s1),
+            (pc | s2) & -(pc | s2),
+            (pd | s3) & -(pd | s3),
+        )
+        bias_ptr = _ptr(bias) if bias is not None else 0
+        plan = self._build(ctx, (*geo.key, *al), bias_ptr)  # this node's own descriptor
+        sk = (geo.scale, alpha, beta if c is not None else 0.0)
+        sc = self._scalars.get(sk)
+        if sc is None:
+            arrs = (np.array([alpha], geo.scale), np.array([sk[2]], geo.scale))
+            sc = self._scalars[sk] = (arrs[0].ctypes.data, arrs[1].ctypes.data, arrs)
+        ws = ctx.scratch(plan.ws) if plan.ws else None  # the frame's, for the launcher's life
+        ws_ptr = int(ws.ptr) if ws is not None else 0
+        stream = ctx.stream
+        handle, sh = stream.cublaslt, stream.handle
+        c_is_d = c is None or c is out
+        calls = [
+            (
+                handle,
+                plan.desc,
+                sc[0],
+                pb + ob,
+                plan.la,
+                pa + oa,
+                plan.lb,
+                sc[1],
+                pd + od if c_is_d else pc + od,
+                plan.lc,
+                pd + od,
+                plan.ld,
+                plan.algo_ptr,
+                ws_ptr,
+                plan.ws,
+                sh,
+            )
+            for oa, ob, od in geo.offsets
+        ]
+        matmul = self.L.matmul
+        keep = (plan, ws, sc)
+        if len(calls) == 1:
+            (args,) = calls
+
+            def one() -> None:
+                matmul(*args)
+
+            one.keep = keep  # type: ignore[attr-defined]
+            return one
+
+        def batches() -> None:
+            for args in calls:
+                matmul(*args)
+
+        batches.keep = keep  # type: ignore[attr-defined]
+        return batches
 
     def _fallback(self, a, b, out, trans_a, trans_b, alpha, beta, c, bias, epilogue, dt) -> None:
         stats["xp"] += 1

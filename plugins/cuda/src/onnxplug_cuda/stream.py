@@ -163,6 +163,20 @@ class CudaSyncStream(SyncStream):
         if int(err) == 0 and graph:
             rt.cudaGraphDestroy(graph)
 
+    def capture_call(self, fn: Any) -> Any:
+        """``fn``'s work on this stream as an instantiated graph (not run), or None when it
+        cannot be captured (the stream is usable again either way)."""
+        self.begin_capture()
+        try:
+            fn()
+        except Exception:
+            self.abort_capture()
+            return None
+        try:
+            return self.end_capture()
+        except Exception:
+            return None
+
     def _stop_capture(self) -> None:
         self.capturing = False
         CAPTURING.discard(self._handle)

@@ -9,6 +9,7 @@ publishes an array the kernel computed as output ``i``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,80 @@ class CudaKernel(Kernel):
         constant input, ``graph.graph.initializers``) returns False for the others, and the
         node goes to the next provider."""
         return True
+
+    # the prepare phase -----------------------------------------------------------------------
+    def prepare(self, ctx: KernelContext) -> Callable[[], None] | None:
+        """What a kernel with a prepared form implements: allocate the outputs (``alloc``)
+        and return a call that computes them from the inputs, with every launch parameter
+        bound (``launch.Launch``, ``Elementwise.bind``, ``LtGemm.prepare``; numpy closures
+        under the simulation). None: this node has no prepared form (``compute`` runs)."""
+        return None
+
+    def bind(self, ctx: KernelContext) -> Callable[[KernelContext], None] | None:
+        """The frame's first run: prepare, run what was prepared, and return the launcher
+        for the later runs (it checks that the inputs are the tensors it was bound to)."""
+        run = None
+        if type(self).prepare is not CudaKernel.prepare:
+            self.be.activate(ctx.stream)
+            try:
+                run = self.prepare(ctx)
+            except Exception:  # no prepared form for this case: compute stays correct
+                run = None
+        if run is None:
+            self.compute(ctx)
+            return None
+        run()
+        return self._launcher(ctx, run)
+
+    def stream_handle(self, ctx: KernelContext) -> int:
+        s = ctx.stream
+        return int(s.handle) if s is not None else 0
+
+    def _launcher(
+        self, ctx: KernelContext, run: Callable[[], None]
+    ) -> Callable[[KernelContext], None] | None:
+        values = ctx.values
+        ins = tuple((s, values[s]) for s in ctx.in_slots if s >= 0)
+        outs = tuple((s, values[s]) for s in ctx.out_slots if s >= 0)
+        for _, v in ins + outs:
+            if isinstance(v, DeviceTensor) and v.stable_view is None:
+                return None  # memory that changes from run to run: nothing to bind to
+        compute = self.compute
+        if len(ins) == 1 and len(outs) == 1:
+            ((si, ti),) = ins
+            ((so, to),) = outs
+
+            def one(ctx: KernelContext) -> None:
+                if values[si] is ti:
+                    values[so] = to
+                    run()
+                else:
+                    compute(ctx)
+
+            return one
+        if len(ins) == 2 and len(outs) == 1:
+            (sa, ta), (sb, tb) = ins
+            ((so, to),) = outs
+
+            def two(ctx: KernelContext) -> None:
+                if values[sa] is ta and values[sb] is tb:
+                    values[so] = to
+                    run()
+                else:
+                    compute(ctx)
+
+            return two
+
+        def many(ctx: KernelContext) -> None:
+            for s, t in ins:
+                if values[s] is not t:
+                    compute(ctx)
+                    return
+            for s, t in outs:
+                values[s] = t
+            run()
+
+        return many
 
     def arg(self, ctx: KernelContext, i: int) -> Any:
         """Input ``i`` as an array (None when an optional input is absent)."""

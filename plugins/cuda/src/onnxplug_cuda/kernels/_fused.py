@@ -92,7 +92,16 @@ class Elementwise:
 
     registry: list[Elementwise] = []  # every kernel, for compile checks of the CUDA sources
 
-    __slots__ = ("_kernel", "in_params", "name", "operation", "out_params", "preamble", "twin")
+    __slots__ = (
+        "_kernel",
+        "_raw",
+        "in_params",
+        "name",
+        "operation",
+        "out_params",
+        "preamble",
+        "twin",
+    )
 
     def __init__(
         self,
@@ -110,7 +119,26 @@ class Elementwise:
         self.preamble = preamble
         self.twin = twin
         self._kernel: Any = None
+        self._raw: Any = None
         Elementwise.registry.append(self)
+
+    def bind(self, xp: Any, *args: Any, stream: int = 0) -> Callable[[], None] | None:
+        """The prepared form of ``self(xp, *args)``: a call that does the same work on the
+        same (preallocated) arrays every time, with its launch parameters packed once; None
+        when this operation or these operands have no prepared form."""
+        if xp is np:
+            twin = self.twin
+            return lambda: twin(*args)
+        raw = self._raw
+        if raw is None:
+            from ..launch import RawElementwise
+
+            raw = self._raw = RawElementwise(
+                self.in_params, self.out_params, self.operation, self.name, self.preamble
+            )
+        if not raw.supported():
+            return None
+        return raw.bind(xp, args, stream)
 
     def __call__(self, xp: Any, *args: Any) -> None:
         if xp is np:
@@ -203,6 +231,79 @@ BF16_BINARY = {
 }
 
 
+def _ufunc_twin(name: str) -> Callable[..., None]:
+    fn = getattr(np, name)
+
+    def twin(a: Any, b: Any, y: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            fn(a, b, out=y)
+
+    return twin
+
+
+# Binary ops on any one type (numpy's ufunc semantics; maximum/minimum propagate NaN), for
+# the prepared calls of Add, Mul, comparisons, ...: the unprepared path calls the ufunc itself
+UFUNC_BINARY = {
+    name: Elementwise("T a, T b", f"{out} y", f"y = {expr}", f"ox_u_{name}", _ufunc_twin(name))
+    for name, expr, out in (
+        ("add", "a + b", "T"),
+        ("subtract", "a - b", "T"),
+        ("multiply", "a * b", "T"),
+        ("true_divide", "a / b", "T"),
+        ("maximum", "(a != a || a > b) ? a : b", "T"),
+        ("minimum", "(a != a || a < b) ? a : b", "T"),
+        ("equal", "a == b", "bool"),
+        ("less", "a < b", "bool"),
+        ("greater", "a > b", "bool"),
+        ("less_equal", "a <= b", "bool"),
+        ("greater_equal", "a >= b", "bool"),
+        ("logical_and", "a && b", "bool"),
+        ("logical_or", "a || b", "bool"),
+        ("logical_xor", "(bool)a != (bool)b", "bool"),
+        ("bitwise_and", "a & b", "T"),
+        ("bitwise_or", "a | b", "T"),
+        ("bitwise_xor", "a ^ b", "T"),
+    )
+}
+
+
+def _copy_twin(x: Any, y: np.ndarray) -> None:
+    np.copyto(y, x)
+
+
+# y = x for two arrays of one type, any strides and broadcasting: Transpose, Split, Slice,
+# Concat and Expand as one prepared kernel each
+COPY = Elementwise("T x", "T y", "y = x", "ox_copy", _copy_twin)
+
+
+def _cast_twin(x: Any, y: np.ndarray) -> None:
+    with np.errstate(all="ignore"):
+        np.copyto(y, x, casting="unsafe")
+
+
+CAST_PRE = r"""
+#include <cuda_fp16.h>
+template <typename Y, typename X> struct OxCast {
+  __device__ static __forceinline__ Y f(X x) { return (Y)x; }
+};
+template <typename Y> struct OxCast<Y, __half> {
+  __device__ static __forceinline__ Y f(__half x) { return (Y)__half2float(x); }
+};
+template <typename X> struct OxCast<__half, X> {
+  __device__ static __forceinline__ __half f(X x) { return __float2half_rn((float)x); }
+};
+template <> struct OxCast<__half, double> {
+  __device__ static __forceinline__ __half f(double x) { return __double2half(x); }
+};
+template <> struct OxCast<__half, __half> {
+  __device__ static __forceinline__ __half f(__half x) { return x; }
+};
+"""
+
+# numeric casts with C semantics (CuPy's astype: float -> int truncates, nonzero -> true)
+CAST = Elementwise("X x", "Y y", "y = OxCast<Y, X>::f(x)", "ox_cast", _cast_twin, CAST_PRE)
+
+
 def bf16_bits(value: float) -> np.uint16:
     """The bfloat16 bits of a float32-exact ``value`` (small integers: exact)."""
     return np.uint16(int(np.float32(value).view(np.uint32)) >> 16)
@@ -253,6 +354,11 @@ class UnaryFloat:
     def __call__(self, xp: Any, x: Any, y: Any, *params: np.float32, bf16: bool = False) -> None:
         """``y = f(x)``; ``params`` are the attributes as float32 scalars."""
         (self.bf16 if bf16 else self.plain)(xp, x, *params, y)
+
+    def bind(
+        self, xp: Any, x: Any, y: Any, *params: np.float32, bf16: bool = False, stream: int = 0
+    ) -> Callable[[], None] | None:
+        return (self.bf16 if bf16 else self.plain).bind(xp, x, *params, y, stream=stream)
 
 
 _erf_py = np.frompyfunc(math.erf, 1, 1)
@@ -805,34 +911,62 @@ def block_size(cols: int) -> int:
 
 def softmax(xp: Any, x: Any, y: Any, outer: int, n: int, inner: int, key: str, log: bool) -> None:
     """Softmax/LogSoftmax of dense ``x`` viewed as (outer, n, inner) over n, into ``y``."""
+    softmax_call(xp, x, y, outer, n, inner, key, log)()
+
+
+def softmax_call(
+    xp: Any,
+    x: Any,
+    y: Any,
+    outer: int,
+    n: int,
+    inner: int,
+    key: str,
+    log: bool,
+    stream: int | None = None,
+) -> Callable[[], None]:
+    """``softmax`` as a call bound to these arrays (the prepared form; ``stream``: a raw
+    stream handle for a packed launch, None for CuPy's current stream)."""
     if outer * n * inner == 0:
-        return
+        return _nothing
     if xp is np:
-        # float16 steps in float16 (see ox_softmax_rows); numpy sums a contiguous axis
-        # pairwise in float32 and a strided one in float16, as the CUDA kernels do
-        x3 = x.reshape(outer, n, inner)
-        w = x3 if x3.dtype == np.float16 else widen(x3)
-        with np.errstate(all="ignore"):
-            z = w - w.max(axis=1, keepdims=True)
-            if log:
-                z -= np.log(np.exp(z).sum(axis=1, keepdims=True))
-            else:
-                np.exp(z, out=z)
-                z /= z.sum(axis=1, keepdims=True)
-        np.copyto(y.reshape(outer, n, inner), z, casting="unsafe")
-        return
+        return lambda: _softmax_np(x, y, outer, n, inner, log)
     mode = np.int32(1 if log else 0)
     if inner == 1:
         fn = ROWS.function(xp, "ox_softmax_rows_" + key)
-        fn((outer,), (block_size(n),), (x, y, np.int64(n), mode))
-    else:
-        total = outer * inner
-        fn = ROWS.function(xp, "ox_softmax_strided_" + key)
-        fn(
-            ((total + 255) // 256,),
-            (256,),
-            (x, y, np.int64(outer), np.int64(n), np.int64(inner), mode),
-        )
+        return _call(fn, (outer,), (block_size(n),), (x, y, np.int64(n), mode), stream)
+    total = outer * inner
+    fn = ROWS.function(xp, "ox_softmax_strided_" + key)
+    args = (x, y, np.int64(outer), np.int64(n), np.int64(inner), mode)
+    return _call(fn, ((total + 255) // 256,), (256,), args, stream)
+
+
+def _softmax_np(x: Any, y: Any, outer: int, n: int, inner: int, log: bool) -> None:
+    # float16 steps in float16 (see ox_softmax_rows); numpy sums a contiguous axis
+    # pairwise in float32 and a strided one in float16, as the CUDA kernels do
+    x3 = x.reshape(outer, n, inner)
+    w = x3 if x3.dtype == np.float16 else widen(x3)
+    with np.errstate(all="ignore"):
+        z = w - w.max(axis=1, keepdims=True)
+        if log:
+            z -= np.log(np.exp(z).sum(axis=1, keepdims=True))
+        else:
+            np.exp(z, out=z)
+            z /= z.sum(axis=1, keepdims=True)
+    np.copyto(y.reshape(outer, n, inner), z, casting="unsafe")
+
+
+def _nothing() -> None:
+    pass
+
+
+def _call(fn: Any, grid: tuple, block: tuple, args: tuple, stream: int | None) -> Any:
+    """A RawModule function call: packed once for a raw stream handle, else CuPy's call."""
+    if stream is None:
+        return lambda: fn(grid, block, args)
+    from ..launch import function_launch
+
+    return function_launch(fn, grid, block, args, stream)
 
 
 _NULL = np.uint64(0)
@@ -854,19 +988,22 @@ def rownorm(
     groups: int = 1,
     cpg: int = 1,
     inner: int = 1,
-) -> None:
-    """Normalize the rows of dense ``x`` viewed as (rows, cols) into ``y`` (see ox_rownorm).
+    stream: int | None = None,
+) -> Callable[[], None]:
+    """Normalize the rows of dense ``x`` viewed as (rows, cols) into ``y`` (see ox_rownorm);
+    returns the call, bound to these arrays (run it; ``stream`` as for ``softmax_call``).
 
     ``scale``/``bias`` are dense vectors (cols entries for mode 1, channels for mode 2);
     ``mean``/``rstd`` are float32 arrays of ``rows`` entries, or None.
     """
     if rows == 0:
-        return
+        return _nothing
     if xp is np:
-        _rownorm_np(x, y, rows, cols, eps, scale, bias, mean, rstd, mode, groups, cpg, inner)
-        return
+        args = (x, y, rows, cols, eps, scale, bias, mean, rstd, mode, groups, cpg, inner)
+        return lambda: _rownorm_np(*args)
     fn = ROWS.function(xp, "ox_rownorm_" + key)
-    fn(
+    return _call(
+        fn,
         (rows,),
         (block_size(cols),),
         (
@@ -883,6 +1020,7 @@ def rownorm(
             np.int64(cpg),
             np.int64(inner),
         ),
+        stream,
     )
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
 
 from .. import blas
+from ..launch import bound_calls, function_launch
 from . import _fused as F
 from ._base import BF16, CudaKernel
 
@@ -87,6 +88,11 @@ class GeluKernel:
         else:
             (self.bf16 if bf16 else self.plain)(xp, x, b, y)
 
+    def bind(self, xp: Any, x: Any, b: Any, y: Any, bf16: bool, stream: int) -> Any:
+        if b is None:
+            return self.unary.bind(xp, x, y, bf16=bf16, stream=stream)
+        return (self.bf16 if bf16 else self.plain).bind(xp, x, b, y, stream=stream)
+
 
 GELU = GeluKernel("Gelu", bias=False)
 BIAS_GELU = GeluKernel("Gelu", bias=True)
@@ -132,6 +138,13 @@ class _GeluBase(_Typed):
         if y.size:
             k = self.plain if b is None else self.with_bias
             k(self.xp, x, b, y, self.is_bf16(ctx))
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        x, b = self.arg(ctx, 0), self.arg(ctx, 1)
+        shape = x.shape if b is None else shapes.broadcast_shapes(x.shape, b.shape)
+        y = self.alloc(ctx, 0, shape, self.dtype_of(ctx))
+        k = self.plain if b is None else self.with_bias
+        return k.bind(self.xp, x, b, y, self.is_bf16(ctx), self.stream_handle(ctx))
 
 
 class Gelu(_GeluBase):
@@ -218,7 +231,7 @@ def _skip_ln_np(x, skip, gamma, beta, bias, y, sum_out, mean_out, rstd_out, eps)
         s += F.widen(bias)
     total = sum_out if sum_out is not None else np.empty_like(y)
     np.copyto(total, s, casting="unsafe")
-    F.rownorm(np, total, y, rows, cols, eps, "", gamma, beta, mean_out, rstd_out, mode=1)
+    F.rownorm(np, total, y, rows, cols, eps, "", gamma, beta, mean_out, rstd_out, mode=1)()
 
 
 def _dense(xp: Any, v: Any, shape: tuple[int, ...]) -> Any:
@@ -294,6 +307,43 @@ class SkipLayerNormalization(_Typed):
             ),
         )  # fmt: skip
 
+    def prepare(self, ctx: KernelContext) -> Any:
+        xp = self.xp
+        x, skip, gamma, beta, bias = (self.arg(ctx, i) for i in range(5))
+        dt = self.dtype_of(ctx)
+        key = (x.shape, skip.shape, bias is not None)
+        shape, make_dense, skip_rows = self._plans.get(key) or self._plan(*key)
+        cols = shape[-1]
+        if make_dense or any(v is not None and v.shape != (cols,) for v in (gamma, beta, bias)):
+            return None  # a broadcast copy made now would be stale later; errors: compute
+        y = self.alloc(ctx, 0, shape, dt)
+        stats = shape[:-1] + (1,)
+        mean = self.alloc(ctx, 1, stats, F32) if ctx.has_output(1) else None
+        rstd = self.alloc(ctx, 2, stats, F32) if ctx.has_output(2) else None
+        total = self.alloc(ctx, 3, shape, dt) if ctx.has_output(3) else None
+        if y.size == 0:
+            return bound_calls([])
+        rows = y.size // cols
+        if xp is np:
+            args = (
+                x.reshape(rows, cols), skip.reshape(skip_rows, cols), gamma, beta, bias,
+                y.reshape(rows, cols), None if total is None else total.reshape(rows, cols),
+                None if mean is None else mean.reshape(rows),
+                None if rstd is None else rstd.reshape(rows), self.eps,
+            )  # fmt: skip
+            return lambda: _skip_ln_np(*args)
+        fn = SKIP_LN_ROWS.function(xp, "oxc_skip_ln_" + F.storage_key(dt))
+        return function_launch(
+            fn,
+            (rows,),
+            (F.block_size(cols),),
+            (
+                x, skip, gamma, beta, bias, y, total, mean, rstd,
+                np.int64(cols), np.int64(skip_rows), np.float64(self.eps),
+            ),
+            self.stream_handle(ctx),
+        )  # fmt: skip
+
 
 # ---------------------------------------------------------------------------------------------
 # MatMulBias: one GEMM with an epilogue
@@ -334,6 +384,23 @@ class MatMulBias(_Typed):
         self.gemm(ctx, a.reshape(rows, k), w, y2, bias=bias, epilogue=self.epilogue, dtype=dt)
         if self.then_gelu and y.size:
             GELU(self.xp, y2, None, y2, self.is_bf16(ctx))  # in place
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        a, w, bias = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
+        if a.ndim == 0 or w.ndim != 2 or a.shape[-1] != w.shape[0] or bias.shape != w.shape[1:]:
+            return None  # compute raises the error
+        k, n = w.shape
+        dt = self.dtype_of(ctx)
+        y = self.alloc(ctx, 0, (*a.shape[:-1], n), dt)
+        rows = shapes.size_of(a.shape[:-1])
+        y2 = y.reshape(rows, n)
+        gemm = self.gemm.prepare(
+            ctx, a.reshape(rows, k), w, y2, bias=bias, epilogue=self.epilogue, dtype=dt
+        )
+        if gemm is None or not self.then_gelu:
+            return gemm
+        gelu = GELU.bind(self.xp, y2, None, y2, self.is_bf16(ctx), self.stream_handle(ctx))
+        return None if gelu is None else bound_calls([gemm, gelu])
 
 
 def register(reg: KernelRegistry, enable_cudnn: bool) -> None:

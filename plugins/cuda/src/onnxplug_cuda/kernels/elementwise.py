@@ -84,6 +84,12 @@ class Binary(TypedKernel):
         else:
             self.fn(a, b, out=y)
 
+    def prepare(self, ctx: KernelContext) -> Any:
+        a, b = self.arg(ctx, 0), self.arg(ctx, 1)
+        y = self.alloc(ctx, 0, self.out_shape(a, b), np.bool_ if self.boolean else self.dtype_of(a))
+        op = (F.BF16_BINARY if self.bf16 else F.UFUNC_BINARY)[self.ufunc]
+        return op.bind(self.xp, a, b, y, stream=self.stream_handle(ctx))
+
 
 class Div(Binary):
     """Float division, or integer division truncating toward zero (C semantics, as ONNX)."""
@@ -102,6 +108,13 @@ class Div(Binary):
         a, b = self.arg(ctx, 0), self.arg(ctx, 1)
         y = self.alloc(ctx, 0, self.out_shape(a, b), a.dtype)
         F.INT_DIV(self.xp, a, b, y)
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        if not self.integer:
+            return super().prepare(ctx)
+        a, b = self.arg(ctx, 0), self.arg(ctx, 1)
+        y = self.alloc(ctx, 0, self.out_shape(a, b), a.dtype)
+        return F.INT_DIV.bind(self.xp, a, b, y, stream=self.stream_handle(ctx))
 
 
 class Mod(TypedKernel):
@@ -282,6 +295,12 @@ class FloatUnary(TypedKernel):
         y = self.like(ctx, x)
         self.kernel(self.xp, x, y, *self.params, bf16=self.bf16)
 
+    def prepare(self, ctx: KernelContext) -> Any:
+        x = self.arg(ctx, 0)
+        y = self.like(ctx, x)
+        sh = self.stream_handle(ctx)
+        return self.kernel.bind(self.xp, x, y, *self.params, bf16=self.bf16, stream=sh)
+
 
 class Gelu(FloatUnary):
     def kernel_name(self, info: KernelInfo) -> str:
@@ -302,6 +321,11 @@ class IsNaN(TypedKernel):
         x = self.arg(ctx, 0)
         y = self.alloc(ctx, 0, x.shape, np.bool_)
         F.IS_NAN(self.xp, x, y, bf16=self.bf16)
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        x = self.arg(ctx, 0)
+        y = self.alloc(ctx, 0, x.shape, np.bool_)
+        return F.IS_NAN.bind(self.xp, x, y, bf16=self.bf16, stream=self.stream_handle(ctx))
 
 
 class IsInf(TypedKernel):
@@ -348,6 +372,11 @@ class Where(TypedKernel):
         c, a, b = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
         y = self.alloc(ctx, 0, self.out_shape(c, a, b), self.dtype or a.dtype)
         F.WHERE(self.xp, c, a, b, y)  # selection only: bfloat16 storage is copied as is
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        c, a, b = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
+        y = self.alloc(ctx, 0, self.out_shape(c, a, b), self.dtype or a.dtype)
+        return F.WHERE.bind(self.xp, c, a, b, y, stream=self.stream_handle(ctx))
 
 
 class Clip(TypedKernel):
@@ -463,6 +492,13 @@ class Cast(CudaKernel):
                 _cast_into(xp, y, F.to_f32(xp, x))
         else:
             _cast_into(xp, y, x)
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        if self.src_bf16 or self.dst_bf16:
+            return None
+        x = self.arg(ctx, 0)
+        y = self.alloc(ctx, 0, x.shape, self.to)
+        return F.CAST.bind(self.xp, x, y, stream=self.stream_handle(ctx))
 
 
 class CastLike(Cast):

@@ -64,6 +64,14 @@ class MatMul(_Gemm):
         y = self.alloc(ctx, 0, plan[0], self.dtype)
         self.gemm(ctx, a.reshape(plan[1]), b.reshape(plan[2]), y.reshape(plan[3]), dtype=self.dtype)
 
+    def prepare(self, ctx: KernelContext) -> Any:
+        a, b = self.arg(ctx, 0), self.arg(ctx, 1)
+        plan = self._shapes.get((a.shape, b.shape)) or self._plan(a.shape, b.shape)
+        y = self.alloc(ctx, 0, plan[0], self.dtype)
+        return self.gemm.prepare(
+            ctx, a.reshape(plan[1]), b.reshape(plan[2]), y.reshape(plan[3]), dtype=self.dtype
+        )
+
 
 class Gemm(_Gemm):
     """Gemm-1..13: transA/transB, alpha/beta, C unidirectionally broadcast (optional from 11)."""
@@ -105,9 +113,29 @@ class Gemm(_Gemm):
                 xp.multiply(c, self.beta, out=y)
             self.gemm(ctx, a, b, y, beta=1.0, c=y, epilogue=epi, **kw)
 
+    def prepare(self, ctx: KernelContext) -> Any:
+        a, b, c = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
+        M = a.shape[1] if self.trans_a else a.shape[0]
+        N = b.shape[0] if self.trans_b else b.shape[1]
+        y = self.alloc(ctx, 0, (M, N), self.dtype)
+        kw: dict[str, Any] = dict(
+            trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, dtype=self.dtype
+        )
+        epi = self.activation
+        if c is None or self.beta == 0 or c.size == 0:
+            return self.gemm.prepare(ctx, a, b, y, epilogue=epi, **kw)
+        if c.shape == (M, N):
+            return self.gemm.prepare(ctx, a, b, y, beta=self.beta, c=c, epilogue=epi, **kw)
+        if self.beta == 1 and c.ndim >= 1 and c.shape[-1] == N and c.size == N:
+            return self.gemm.prepare(ctx, a, b, y, bias=c.reshape(N), epilogue=epi, **kw)
+        return None
+
 
 class MatMulInteger(MatMul):
     """int8/uint8 MatMul with zero points to int32, exact (float64 GEMM on integer values)."""
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        return None  # temporaries computed from the inputs: compute every run
 
     def compute(self, ctx: KernelContext) -> None:
         xp = self.xp

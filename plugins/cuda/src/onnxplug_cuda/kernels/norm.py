@@ -112,6 +112,23 @@ class LayerNormalization(TypedKernel):
         F.rownorm(
             xp, x, y, rows, cols, self.eps, self.key or F.storage_key(x.dtype),
             scale, bias, mean, rstd, mode=1,
+        )()  # fmt: skip
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        x, scale, bias = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
+        rows, cols, norm_shape, stats_shape = self.geometry(x.shape)
+        if (
+            cols == 0
+            or scale.shape != norm_shape
+            or (bias is not None and bias.shape != norm_shape)
+        ):
+            return None  # broadcast scale/bias: copies made now would go stale
+        y = self.like(ctx, x)
+        mean = self.alloc(ctx, 1, stats_shape, self.stats_dtype[0]) if ctx.has_output(1) else None
+        rstd = self.alloc(ctx, 2, stats_shape, self.stats_dtype[1]) if ctx.has_output(2) else None
+        return F.rownorm(
+            self.xp, x, y, rows, cols, self.eps, self.key or F.storage_key(x.dtype),
+            scale, bias, mean, rstd, mode=1, stream=self.stream_handle(ctx),
         )  # fmt: skip
 
 
@@ -155,7 +172,7 @@ class GroupNormalization(TypedKernel):
             return
         if self.stash_f32:
             t = xp.empty(x.shape, F32)
-            F.rownorm(xp, x.astype(F32), t, rows, cols, self.eps, "f32")
+            F.rownorm(xp, x.astype(F32), t, rows, cols, self.eps, "f32")()
             per_channel = (1, C) + (1,) * (x.ndim - 2)
             xp.multiply(t, scale.reshape(per_channel), out=y)
             xp.add(y, bias.reshape(per_channel), out=y)
@@ -164,7 +181,7 @@ class GroupNormalization(TypedKernel):
         F.rownorm(
             xp, x, y, rows, cols, self.eps, F.storage_key(self.dtype_of(x)), scale, bias,
             mode=2, groups=G, cpg=C // G, inner=spatial,
-        )  # fmt: skip
+        )()  # fmt: skip
 
 
 class InstanceNormalization(GroupNormalization):

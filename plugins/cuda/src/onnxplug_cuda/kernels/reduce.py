@@ -379,6 +379,15 @@ class Softmax(TypedKernel):
         y = self.like(ctx, x)
         F.softmax(self.xp, x, y, geo[0], geo[1], geo[2], key, self.log)
 
+    def prepare(self, ctx: KernelContext) -> Any:
+        x = self.arg(ctx, 0)
+        geo = self.geometry(x.shape) if x.ndim else (1, 1, 1)
+        y = self.like(ctx, x)
+        key = self.key or F.storage_key(x.dtype)
+        return F.softmax_call(
+            self.xp, x, y, geo[0], geo[1], geo[2], key, self.log, self.stream_handle(ctx)
+        )
+
 
 class Softmax1(Softmax):
     """Softmax-1..12: x coerced to 2-D at ``axis`` (default 1), rows normalized."""

@@ -30,6 +30,8 @@ from onnxplug.ep import (
     shapes,
 )
 
+from ..launch import bound_calls
+from . import _fused as F
 from ._base import ALL_FIXED_BF16, CudaKernel
 
 INDEX = dtypes("int32", "int64")
@@ -75,7 +77,38 @@ def initializer(graph: Any, node: Any, index: int) -> np.ndarray | None:
 # Views: same memory, another shape
 
 
-class Identity(CudaKernel):
+class _Views(CudaKernel):
+    """Kernels whose outputs are views of their input (no work on the device): the prepared
+    call has nothing to do, its launcher hands out the same view objects every run."""
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        self.compute(ctx)
+        return bound_calls([])
+
+
+class _Copies(CudaKernel):
+    """Kernels whose work is copies of strided or broadcast views into their outputs: each
+    copy is one kernel, prepared once (``_fused.COPY``)."""
+
+    def copies(self, ctx: KernelContext) -> list[tuple[Any, Any]]:
+        """Allocate the outputs; the (destination, source view) pairs to copy."""
+        raise NotImplementedError
+
+    def compute(self, ctx: KernelContext) -> None:
+        copyto = self.xp.copyto
+        for dst, src in self.copies(ctx):
+            if dst.size:
+                copyto(dst, src)
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        sh = self.stream_handle(ctx)
+        calls = [
+            F.COPY.bind(self.xp, src, dst, stream=sh) for dst, src in self.copies(ctx) if dst.size
+        ]
+        return None if any(c is None for c in calls) else bound_calls(calls)
+
+
+class Identity(_Views):
     """Tensors, sequences and optionals pass through as the same value (no copy). Claimed
     only when the (element) type is known and of fixed size: strings stay on the host."""
 
@@ -95,7 +128,7 @@ class Identity(CudaKernel):
         ctx.set_output(0, ctx.input(0))
 
 
-class Reshape(CudaKernel):
+class Reshape(_Views):
     """Reshape-5+: the target shape is a host input; 0 copies a dim unless ``allowzero``."""
 
     def __init__(self, info: KernelInfo):
@@ -116,7 +149,7 @@ class Reshape(CudaKernel):
         ctx.set_output(0, t.view(shape_out))
 
 
-class Flatten(CudaKernel):
+class Flatten(_Views):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.axis = int(info.attr("axis", 1))
@@ -126,7 +159,7 @@ class Flatten(CudaKernel):
         ctx.set_output(0, t.view(shapes.flatten_shape(t.shape, self.axis)))
 
 
-class Squeeze(CudaKernel):
+class Squeeze(_Views):
     """Squeeze-13+: axes is an optional host input (all size-1 dims when absent)."""
 
     def __init__(self, info: KernelInfo):
@@ -153,7 +186,7 @@ class Squeeze1(Squeeze):
         return self.axes_const
 
 
-class Unsqueeze(CudaKernel):
+class Unsqueeze(_Views):
     """Unsqueeze-13+: axes is a required host input."""
 
     def __init__(self, info: KernelInfo):
@@ -205,7 +238,7 @@ class Dropout(CudaKernel):
 # Copies
 
 
-class Transpose(CudaKernel):
+class Transpose(_Copies):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         perm = info.attr("perm")
@@ -219,7 +252,7 @@ class Transpose(CudaKernel):
         moved = [p for p in perm if shape[p] != 1]
         return perm, out, moved == sorted(moved)
 
-    def compute(self, ctx: KernelContext) -> None:
+    def copies(self, ctx: KernelContext) -> list[tuple[Any, Any]]:
         t = ctx.input(0)
         shape_in, plan = self._memo
         if shape_in != t.shape:
@@ -228,13 +261,13 @@ class Transpose(CudaKernel):
         perm, out_shape, is_view = plan
         if is_view:
             ctx.set_output(0, t.view(out_shape))
-            return
+            return []
         x = self.arg(ctx, 0)
         y = self.alloc(ctx, 0, out_shape, t.dtype)
-        self.xp.copyto(y, x.transpose(perm))
+        return [(y, x.transpose(perm))]
 
 
-class Concat(CudaKernel):
+class Concat(_Copies):
     """One copy per (non-empty) input into its slice of the output. Done here rather than
     with ``xp.concatenate``, which for more than 8 inputs uploads a pointer table from host
     memory (not replayable in a CUDA graph)."""
@@ -243,7 +276,7 @@ class Concat(CudaKernel):
         super().__init__(info)
         self.axis = int(info.attr("axis", 1))
 
-    def compute(self, ctx: KernelContext) -> None:
+    def copies(self, ctx: KernelContext) -> list[tuple[Any, Any]]:
         n = ctx.input_count
         ts = [ctx.input(i) for i in range(n)]
         t0 = ts[0]
@@ -260,16 +293,17 @@ class Concat(CudaKernel):
         y = self.alloc(ctx, 0, out_shape, t0.dtype)
         index: list[Any] = [slice(None)] * t0.ndim
         pos = 0
-        copyto = self.xp.copyto
+        pairs = []
         for i, t in enumerate(ts):
             size = t.shape[axis]
             if size and t.size:
                 index[axis] = slice(pos, pos + size)
-                copyto(y[tuple(index)], self.arg(ctx, i))
+                pairs.append((y[tuple(index)], self.arg(ctx, i)))
             pos += size
+        return pairs
 
 
-class Split(CudaKernel):
+class Split(_Copies):
     """Split-13+: sizes from the optional ``split`` host input, else equal parts (Split-18's
     ``num_outputs`` says how many; before it, the node's output count)."""
 
@@ -282,7 +316,7 @@ class Split(CudaKernel):
     def sizes(self, ctx: KernelContext) -> list[int] | None:
         return self.split_const if self.split_const is not None else optional_ints(ctx, 1)
 
-    def compute(self, ctx: KernelContext) -> None:
+    def copies(self, ctx: KernelContext) -> list[tuple[Any, Any]]:
         t = ctx.input(0)
         axis = shapes.normalize_axis(self.axis, t.ndim)
         sizes = shapes.split_sizes(t.shape[axis], self.n, self.sizes(ctx))
@@ -290,14 +324,16 @@ class Split(CudaKernel):
         index: list[Any] = [slice(None)] * t.ndim
         shape = list(t.shape)
         pos = 0
+        pairs = []
         for i, s in enumerate(sizes):
             if i < ctx.output_count and ctx.has_output(i):
                 shape[axis] = s
                 y = self.alloc(ctx, i, shape, t.dtype)
                 if y.size:
                     index[axis] = slice(pos, pos + s)
-                    self.xp.copyto(y, x[tuple(index)])
+                    pairs.append((y, x[tuple(index)]))
             pos += s
+        return pairs
 
 
 class Split2(Split):
@@ -312,7 +348,7 @@ class Split2(Split):
         return self.split_const
 
 
-class Slice(CudaKernel):
+class Slice(_Copies):
     """Slice-10+: starts, ends and optional axes and steps are host inputs; steps may be
     negative. The strided view is copied into the planned output."""
 
@@ -343,7 +379,7 @@ class Slice(CudaKernel):
         out = tuple(len(range(s, e, st)) for s, e, st in ranges)
         return index, out
 
-    def compute(self, ctx: KernelContext) -> None:
+    def copies(self, ctx: KernelContext) -> list[tuple[Any, Any]]:
         t = ctx.input(0)
         if self.params_const is not None:
             shape_in, plan = self._memo
@@ -354,8 +390,7 @@ class Slice(CudaKernel):
             plan = self.plan(t.shape, self.params(ctx))
         index, out_shape = plan
         y = self.alloc(ctx, 0, out_shape, t.dtype)
-        if y.size:
-            self.xp.copyto(y, self.arg(ctx, 0)[index])
+        return [(y, self.arg(ctx, 0)[index])] if y.size else []
 
 
 class Slice1(Slice):
@@ -372,33 +407,32 @@ class Slice1(Slice):
         ]
 
 
-class Expand(CudaKernel):
+class Expand(_Copies):
     """Expand-8+: numpy broadcasting of the input to a host shape, one broadcast copy."""
 
-    def compute(self, ctx: KernelContext) -> None:
+    def copies(self, ctx: KernelContext) -> list[tuple[Any, Any]]:
         t = ctx.input(0)
         shape = shapes.broadcast_shapes(t.shape, ints(ctx.input(1)))
         y = self.alloc(ctx, 0, shape, t.dtype)
-        if y.size:
-            self.xp.copyto(y, self.arg(ctx, 0))
+        return [(y, self.arg(ctx, 0))] if y.size else []
 
 
-class Tile(CudaKernel):
+class Tile(_Copies):
     """Tile-6+: one broadcast copy. The output viewed as (r0, d0, r1, d1, ...) is the input
     viewed as (1, d0, 1, d1, ...) broadcast over the repeats."""
 
-    def compute(self, ctx: KernelContext) -> None:
+    def copies(self, ctx: KernelContext) -> list[tuple[Any, Any]]:
         t = ctx.input(0)
         reps = ints(ctx.input(1))
         if len(reps) != t.ndim or any(r < 0 for r in reps):
             raise ValueError(f"Tile: repeats {reps} do not fit an input of rank {t.ndim}")
         y = self.alloc(ctx, 0, [d * r for d, r in zip(t.shape, reps)], t.dtype)
         if not y.size:
-            return
+            return []
         x = self.arg(ctx, 0)
         inter = [v for r, d in zip(reps, t.shape) for v in (r, d)]
         src = [v for d in t.shape for v in (1, d)]
-        self.xp.copyto(y.reshape(inter), x.reshape(src))
+        return [(y.reshape(inter), x.reshape(src))]
 
 
 class Pad(CudaKernel):

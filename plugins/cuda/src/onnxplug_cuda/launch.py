@@ -1,0 +1,402 @@
+"""Pre-bound kernel launches: what a prepared node's call does on the GPU.
+
+A node's prepare phase (``CudaKernel.bind``) knows its pointers, shapes and stream for all the
+later runs of a frame, so its work can be reduced to calls whose every parameter was packed
+once. ``Launch`` is one ``cuLaunchKernel`` with its parameter block built ahead of time (a
+few µs from Python, against 10-50 µs for a CuPy call that parses its arguments every time).
+
+``RawElementwise`` turns an elementwise operation, written as for ``cupy.ElementwiseKernel``
+(typed parameter lists, an operation over the parameter names, a preamble), into an NVRTC
+kernel over broadcast strided operands, compiled once per (operation, concrete types, index
+width) and launched through ``Launch``. Operand shapes are collapsed to the fewest dims first,
+so same-shape and scalar-broadcast operands take a flat loop with no index arithmetic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .runtime import CudaError
+
+MAX_DIMS = 6
+_THREADS = 256
+
+# numpy dtype name -> C type for the generated kernels (CuPy's ElementwiseKernel spellings
+# are typedef'd to these too)
+_CTYPE = {
+    "bool": "bool",
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
+    "float16": "__half",
+    "float32": "float",
+    "float64": "double",
+}
+_TYPEDEFS = r"""
+#include <cuda_fp16.h>
+typedef signed char int8; typedef short int16; typedef int int32; typedef long long int64;
+typedef unsigned char uint8; typedef unsigned short uint16; typedef unsigned int uint32;
+typedef unsigned long long uint64; typedef __half float16; typedef float float32;
+typedef double float64;
+"""
+
+
+_SCALAR: dict[str, Any] = {
+    "bool": ctypes.c_bool,
+    "int8": ctypes.c_int8,
+    "int16": ctypes.c_int16,
+    "int32": ctypes.c_int32,
+    "int64": ctypes.c_int64,
+    "uint8": ctypes.c_uint8,
+    "uint16": ctypes.c_uint16,
+    "uint32": ctypes.c_uint32,
+    "uint64": ctypes.c_uint64,
+    "float32": ctypes.c_float,
+    "float64": ctypes.c_double,
+}
+
+
+class Launch:
+    """One kernel launch with its parameters packed once; calling it launches it."""
+
+    __slots__ = ("_args", "_call", "_keep", "name")
+
+    def __init__(
+        self,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        stream: int,
+        params: Sequence[Any],
+        shared_mem: int = 0,
+        name: str = "",
+    ):
+        from cuda.bindings import driver
+
+        values = [_c_value(p) for p in params]
+        arr = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+        self._keep = (values, arr, function)  # the parameter block must outlive the launches
+        fn = driver.CUfunction(int(getattr(function, "ptr", function)))
+        self._args = (
+            fn,
+            *grid,
+            *block,
+            shared_mem,
+            driver.CUstream(stream),
+            ctypes.addressof(arr),
+            0,
+        )
+        self._call = driver.cuLaunchKernel
+        self.name = name
+
+    def __call__(self) -> None:
+        err = self._call(*self._args)[0]
+        if err:
+            raise CudaError(f"cuLaunchKernel({self.name}) failed: {err!r}")
+
+
+def _c_value(p: Any) -> Any:
+    """A kernel parameter as a ctypes object: arrays by their pointer, numpy scalars by type,
+    ctypes objects (structs) as they are."""
+    if isinstance(p, ctypes._SimpleCData) or isinstance(p, ctypes.Structure):
+        return p
+    data = getattr(p, "data", None)
+    if data is not None and hasattr(data, "ptr"):  # a CuPy array
+        return ctypes.c_void_p(int(data.ptr))
+    if p is None:
+        return ctypes.c_void_p(0)
+    if isinstance(p, np.generic):
+        if p.dtype == np.float16:  # passed as its bits (a __half parameter)
+            return ctypes.c_uint16(int(p.view(np.uint16)))
+        return _SCALAR[p.dtype.name](p.item())
+    if isinstance(p, bool):
+        return ctypes.c_bool(p)
+    if isinstance(p, int):
+        return ctypes.c_int64(p)
+    if isinstance(p, float):
+        return ctypes.c_double(p)
+    raise TypeError(f"cannot pass {type(p).__name__} to a kernel")
+
+
+def function_launch(
+    fn: Any,
+    grid: tuple[int, ...],
+    block: tuple[int, ...],
+    args: Sequence[Any],
+    stream: int,
+    shared_mem: int = 0,
+) -> Launch:
+    """A ``Launch`` of a CuPy ``RawModule`` function with the arguments its ``__call__`` takes."""
+    g = (tuple(grid) + (1, 1, 1))[:3]
+    b = (tuple(block) + (1, 1, 1))[:3]
+    return Launch(fn, g, b, stream, args, shared_mem, getattr(fn, "__name__", ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise operations as raw kernels
+
+
+def _collapse(
+    shape: tuple[int, ...], strides: list[list[int]]
+) -> tuple[list[int], list[list[int]]]:
+    """Drop unit dims and merge adjacent dims that every operand walks contiguously."""
+    dims = [(n, [s[i] for s in strides]) for i, n in enumerate(shape) if n != 1]
+    out: list[tuple[int, list[int]]] = []
+    for n, st in dims:
+        if out:
+            pn, pst = out[-1]
+            if all(ps == s * n for ps, s in zip(pst, st)):
+                out[-1] = (pn * n, st)
+                continue
+        out.append((n, st))
+    if not out:
+        return [1], [[0] for _ in strides]
+    return [n for n, _ in out], [[st[k] for _, st in out] for k in range(len(strides))]
+
+
+def _elem_strides(a: Any, shape: tuple[int, ...]) -> list[int]:
+    """Element strides of array ``a`` broadcast to ``shape`` (0 along broadcast dims)."""
+    nd = len(shape)
+    sh = (1,) * (nd - a.ndim) + tuple(a.shape)
+    st = (0,) * (nd - a.ndim) + tuple(s // a.itemsize for s in a.strides)
+    return [0 if sh[i] == 1 and shape[i] != 1 else st[i] for i in range(nd)]
+
+
+class RawElementwise:
+    """An elementwise operation (``cupy.ElementwiseKernel``'s notation) compiled as a raw
+    kernel over broadcast strided operands, bound into ``Launch``es."""
+
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str, preamble: str):
+        self.ins = _parse_params(in_params)
+        self.outs = _parse_params(out_params)
+        self.operation = operation
+        self.name = name
+        self.preamble = preamble
+        self._functions: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def supported(self) -> bool:
+        """Raw (un-indexed) parameters and the index ``i`` need CuPy's indexer: not here."""
+        return all(not raw for _, _, raw in self.ins + self.outs) and not _uses_index(
+            self.operation
+        )
+
+    def bind(self, xp: Any, args: Sequence[Any], stream: int) -> Launch | None:
+        """A launch computing the operation over ``args`` (inputs, then outputs, as for the
+        ElementwiseKernel), or None when the operands do not fit (an output that is not
+        the broadcast shape, too many dims, an unsupported type)."""
+        n_in = len(self.ins)
+        ins, outs = list(args[:n_in]), list(args[n_in:])
+        if len(outs) != len(self.outs) or not outs:
+            return None
+        shape = tuple(outs[0].shape)
+        arrays: list[Any] = []
+        types: dict[str, str] = {}
+        scalars: list[tuple[int, Any]] = []
+        for k, ((ptype, _name, _), v) in enumerate(zip(self.ins + self.outs, ins + outs)):
+            if hasattr(v, "data") and hasattr(v, "strides"):
+                if not _fix_type(types, ptype, v.dtype):
+                    return None
+                if k >= n_in and tuple(v.shape) != shape:
+                    return None
+                arrays.append(v)
+            else:
+                if not isinstance(v, np.generic) or not _fix_type(types, ptype, v.dtype):
+                    return None
+                scalars.append((k, v))
+        if any(a.ndim > len(shape) for a in arrays):
+            return None
+        strides = [_elem_strides(a, shape) for a in arrays]
+        dims, st = _collapse(shape, strides)
+        if len(dims) > MAX_DIMS:
+            return None
+        n = 1
+        for d in dims:
+            n *= d
+        if n == 0:
+            return _NOOP  # type: ignore[return-value]
+        flat = len(dims) == 1
+        wide = n >= 2**31 or any(abs(s) * d >= 2**31 for row in st for s, d in zip(row, dims))
+        key = (tuple(sorted(types.items())), len(arrays), flat, wide)
+        try:
+            fn = self._function(xp, key, types, [k for k, _ in scalars])
+        except Exception:  # the operation does not compile for these types here
+            self._functions[key] = None
+            fn = None
+        if fn is None:
+            return None
+        idx = ctypes.c_longlong if wide else ctypes.c_int
+        params: list[Any] = list(ins) + list(outs)  # the kernel's parameter order
+        params.append(_index_struct(idx, len(arrays), n, dims, st, flat))
+        blocks = min((n + _THREADS - 1) // _THREADS, 65535 * 8)
+        return Launch(fn, (blocks, 1, 1), (_THREADS, 1, 1), stream, params, 0, self.name)
+
+    def _function(self, xp: Any, key: tuple, types: dict[str, str], scalar_at: list[int]) -> Any:
+        if key in self._functions:
+            return self._functions[key]
+        with self._lock:
+            fn = self._functions.get(key)
+            if key not in self._functions:
+                src = self._source(types, scalar_at, flat=key[2], wide=key[3])
+                mod = xp.RawModule(code=src, options=("--std=c++17",))
+                fn = self._functions[key] = mod.get_function("oxr_" + self.name)
+        return fn
+
+    def _source(self, types: dict[str, str], scalar_at: list[int], flat: bool, wide: bool) -> str:
+        idx = "long long" if wide else "int"
+        params = self.ins + self.outs
+        n_arr = len(params) - len(scalar_at)
+        typedefs = "".join(f"typedef {c} {t};\n" for t, c in sorted(types.items()))
+        sig, loads, stores, offs = [], [], [], []
+        a = 0
+        for k, (ptype, pname, _) in enumerate(params):
+            if k in scalar_at:
+                sig.append(f"const {ptype} {pname}")
+                continue
+            is_out = k >= len(self.ins)
+            sig.append(
+                f"{ptype}* __restrict__ _p_{pname}"
+                if is_out
+                else f"const {ptype}* __restrict__ _p_{pname}"
+            )
+            if is_out:
+                loads.append(f"{ptype} {pname};")
+                stores.append(f"_p_{pname}[o{a}] = {pname};")
+            else:
+                loads.append(f"const {ptype} {pname} = _p_{pname}[o{a}];")
+            offs.append(a)
+            a += 1
+        struct = (
+            f"struct OxIdx {{ {idx} n; int ndim; {idx} shape[{MAX_DIMS}]; "
+            f"{idx} st[{n_arr}][{MAX_DIMS}]; }};\n"
+        )
+        if flat:
+            offsets = "".join(f"const {idx} o{k} = i * p.st[{k}][0];\n" for k in offs)
+        else:
+            offsets = (
+                "".join(f"{idx} o{k} = 0;\n" for k in offs)
+                + f"{idx} r = i;\n"
+                + "for (int d = p.ndim - 1; d >= 0; --d) {\n"
+                + f"  const {idx} c = r % p.shape[d]; r /= p.shape[d];\n"
+                + "".join(f"  o{k} += c * p.st[{k}][d];\n" for k in offs)
+                + "}\n"
+            )
+        return (
+            _TYPEDEFS
+            + typedefs
+            + self.preamble
+            + "\n"
+            + struct
+            + f'extern "C" __global__ void oxr_{self.name}({", ".join(sig)}, const OxIdx p) {{\n'
+            + f"  for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < p.n;"
+            + f" i += ({idx})gridDim.x * blockDim.x) {{\n"
+            + offsets
+            + "\n".join(loads)
+            + "\n{\n"
+            + self.operation
+            + ";\n}\n"
+            + "\n".join(stores)
+            + "\n  }\n}\n"
+        )
+
+
+def _noop() -> None:
+    pass
+
+
+_NOOP = _noop
+
+
+def _index_struct(
+    idx: Any, n_arr: int, n: int, dims: list[int], st: list[list[int]], flat: bool
+) -> ctypes.Structure:
+    class OxIdx(ctypes.Structure):
+        _fields_ = [
+            ("n", idx),
+            ("ndim", ctypes.c_int),
+            ("shape", idx * MAX_DIMS),
+            ("st", (idx * MAX_DIMS) * n_arr),
+        ]
+
+    s = OxIdx()
+    s.n = n
+    s.ndim = len(dims)
+    for d, v in enumerate(dims):
+        s.shape[d] = v
+    for k in range(n_arr):
+        for d in range(len(dims)):
+            s.st[k][d] = st[k][d]
+    return s
+
+
+def _parse_params(decl: str) -> list[tuple[str, str, bool]]:
+    """'T x, raw T y, float32 a' -> [(type, name, raw)]."""
+    out = []
+    for part in decl.split(","):
+        words = part.split()
+        if not words:
+            continue
+        raw = words[0] == "raw"
+        if raw:
+            words = words[1:]
+        out.append((words[0], words[1], raw))
+    return out
+
+
+def _uses_index(operation: str) -> bool:
+    import re
+
+    return re.search(r"(?<![\w.])i(?!\w)", operation) is not None
+
+
+def _fix_type(types: dict[str, str], ptype: str, dtype: Any) -> bool:
+    """Bind a type placeholder (a capital letter, like T) to ``dtype``; concrete types must
+    match. False when the combination cannot be compiled here."""
+    name = np.dtype(dtype).name
+    c = _CTYPE.get(name)
+    if c is None:
+        return False
+    if ptype in _CTYPE or ptype in ("float16", "float32", "float64"):
+        return _CTYPE.get(ptype, ptype) == c or ptype == name
+    prev = types.get(ptype)
+    if prev is None:
+        types[ptype] = c
+        return True
+    return prev == c
+
+
+def bound_calls(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
+    """One callable running ``calls`` in order (a single call stays itself)."""
+    calls = [c for c in calls if c is not _NOOP]
+    if not calls:
+        return _NOOP
+    if len(calls) == 1:
+        return calls[0]
+    if len(calls) == 2:
+        a, b = calls
+
+        def two() -> None:
+            a()
+            b()
+
+        return two
+    seq = tuple(calls)
+
+    def many() -> None:
+        for c in seq:
+            c()
+
+    return many
+
+
+__all__ = ["Launch", "RawElementwise", "bound_calls", "function_launch"]
