@@ -105,7 +105,7 @@ def test_ray_data_numpy_equals_a_plain_session_loop_with_one_session_per_actor(c
         fn_constructor_kwargs={"model": MODEL, "keep_columns": ["id"]},
         batch_size=32,
         batch_format="numpy",
-        concurrency=2,
+        compute=ray.data.ActorPoolStrategy(size=2),
         num_cpus=0.5,
     ).take_all()
     assert len(rows) == ROWS
@@ -134,7 +134,7 @@ def test_ray_data_pandas_batches_with_mapped_columns(cluster, data):
             },
             batch_size=50,
             batch_format="pandas",
-            concurrency=1,
+            compute=ray.data.ActorPoolStrategy(size=1),
             num_cpus=0.5,
         )
         .to_pandas()
@@ -154,7 +154,7 @@ def test_ray_data_errors_name_the_model_input_and_the_column(cluster, data):
             OnnxPredictor,
             fn_constructor_kwargs={"model": MODEL, "input_columns": {"x": "pixels", "k": "k"}},
             batch_size=64,
-            concurrency=1,
+            compute=ray.data.ActorPoolStrategy(size=1),
             num_cpus=0.5,
         ).take_all()
     assert "model input 'x' reads column 'pixels'" in str(e.value)

@@ -139,7 +139,7 @@ class OnnxPredictor:
         ds.map_batches(
             OnnxPredictor,
             fn_constructor_kwargs={"model": "model.onnx", "input_columns": {"input": "image"}},
-            batch_size=32, concurrency=2, num_gpus=1,  # one GPU per actor: CUDA
+            batch_size=32, compute=ray.data.ActorPoolStrategy(size=2), num_gpus=1,  # one GPU per actor: CUDA
         )
 
     ``model`` is what ``InferenceSession`` takes (a path every node can read, the model's bytes
