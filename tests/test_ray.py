@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -31,6 +30,7 @@ from onnxplug.integrations.ray import (  # noqa: E402
     providers_for_actor,
 )
 from tests.integration_models import tabular_expected, tabular_model  # noqa: E402
+from tests.ray_cluster import free_port, local_cluster  # noqa: E402
 
 MODEL = tabular_model().SerializeToString()
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
@@ -39,28 +39,10 @@ ROWS = 300
 
 @pytest.fixture(scope="module")
 def cluster():
-    # no usage reports leave the machine; the GPU is a resource label only, so that a test can
-    # see what an actor given a GPU asks for (nothing runs on it)
-    saved = os.environ.get("RAY_USAGE_STATS_ENABLED")
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(
-        num_cpus=2,
-        num_gpus=1,
-        include_dashboard=False,
-        object_store_memory=256 * 2**20,
-        log_to_driver=False,
-        logging_level="warning",
-    )
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    try:
+    # the GPU is a resource label only, so that a test can see what an actor given a GPU asks
+    # for (nothing runs on it)
+    with local_cluster(num_cpus=2, num_gpus=1, object_store_memory=256 * 2**20):
         yield
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_USAGE_STATS_ENABLED", None)
-        else:
-            os.environ["RAY_USAGE_STATS_ENABLED"] = saved
 
 
 @pytest.fixture(scope="module")
@@ -174,15 +156,9 @@ def test_an_actor_given_a_gpu_asks_for_cuda(cluster):
 # Ray Serve --------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(cluster):
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = onnx_deployment(
         MODEL,

@@ -5,8 +5,6 @@ the provider options passed) and answer what the CPU answers. Needs Ray besides 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import urllib.error
 import urllib.request
 
@@ -14,6 +12,7 @@ import numpy as np
 import pytest
 from tests.gpu._cuda import CPU, CUDA, cuda_marks
 from tests.integration_models import tabular_expected, tabular_model
+from tests.ray_cluster import free_port, local_cluster
 
 pytestmark = cuda_marks
 ray = pytest.importorskip("ray")
@@ -26,14 +25,8 @@ MODEL = tabular_model().SerializeToString()
 
 @pytest.fixture(scope="module")
 def cluster():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    try:
+    with local_cluster(num_cpus=4, num_gpus=1):
         yield
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def test_ray_data_gpu_actor_runs_on_cuda_with_the_given_options(cluster):
@@ -72,12 +65,6 @@ def test_ray_data_gpu_actor_runs_on_cuda_with_the_given_options(cluster):
     np.testing.assert_array_equal([r["z"] for r in rows], want["z"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _http(url, body=None):
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     try:
@@ -88,7 +75,7 @@ def _http(url, body=None):
 
 
 def test_serve_replica_with_a_gpu_runs_on_cuda(cluster):
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = onnx_deployment(MODEL, name="gpu", ray_actor_options={"num_gpus": 1, "num_cpus": 1})
     serve.run(app, name="gpu", route_prefix="/gpu")
