@@ -178,9 +178,10 @@ def test_predictor_on_pandas_batches_with_tensor_cells_and_stacked_columns():
     pd = pytest.importorskip("pandas")
     x, k = _rows(5, seed=1)
     cells = pd.DataFrame({"x": list(x), "k": k})  # one array per cell, as Ray gives them
-    out = OnnxPredictor(MODEL)(cells)
+    out = OnnxPredictor(MODEL, keep_columns=["x"])(cells)
     want = tabular_expected(x, k)
-    assert isinstance(out, pd.DataFrame) and list(out.columns) == ["y", "s", "z"]
+    assert isinstance(out, pd.DataFrame) and list(out.columns) == ["y", "s", "z", "x"]
+    assert out["x"].dtype == object and (np.stack(out["x"].to_numpy()) == x).all()
     np.testing.assert_array_equal(np.stack(out["y"].to_numpy()), want["y"])
     np.testing.assert_array_equal(out["s"].to_numpy(), want["s"])
     tabular = pd.DataFrame({f"f{i}": x[:, i] for i in range(4)} | {"k": k}, index=range(10, 15))

@@ -201,8 +201,8 @@ class OnnxPredictor:
                     "output_columns)"
                 )
             result[column] = list(value) if pandas and value.ndim > 1 else value
-        for column in self._keep:
-            result[column] = _column(batch, column, f"keep_columns names column '{column}'")
+        for column in self._keep:  # as they are: a pandas column keeps its dtype and index
+            result[column] = _lookup(batch, column, f"keep_columns names column '{column}'")
         if pandas:
             import pandas as pd
 
@@ -224,16 +224,20 @@ def _rows(batch: Mapping[str, Any]) -> int:
     return 0
 
 
-def _column(batch: Any, column: str, what: str) -> np.ndarray:
-    """One column of a numpy or pandas batch as an array; rows that are arrays themselves
-    (pandas cells, ragged numpy batches) are stacked."""
+def _lookup(batch: Any, column: str, what: str) -> Any:
     try:
-        value = batch[column]
+        return batch[column]
     except KeyError:
         raise InvalidArgument(
             f"{what}, which the batch does not have (its columns: {list(batch.keys())}); map "
             "model inputs to columns with input_columns"
         ) from None
+
+
+def _column(batch: Any, column: str, what: str) -> np.ndarray:
+    """One column of a numpy or pandas batch as an array; rows that are arrays themselves
+    (pandas cells, ragged numpy batches) are stacked."""
+    value = _lookup(batch, column, what)
     arr = value.to_numpy() if hasattr(value, "to_numpy") else np.asarray(value)
     if arr.dtype == np.dtype(object) and arr.size and isinstance(arr.flat[0], (np.ndarray, list)):
         try:
