@@ -28,7 +28,25 @@ def assignment(sess: Any) -> dict[str, str]:
 def run_cuda_and_cpu(
     model: bytes, feeds: dict[str, np.ndarray], options: dict[str, str] | None = None
 ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, str]]:
-    """Outputs on [CUDA, CPU] (with CUDA ``options``) and on CPU alone, and the assignment."""
+    """Outputs on [CUDA, CPU] (with CUDA ``options``) and on CPU alone, and the assignment.
+
+    The CUDA session runs four times, alternating ``feeds`` and a permutation of their float
+    values: the recording run, the run that binds the prepared calls, and runs through them.
+    The last two runs of the permuted feeds must agree exactly; the outputs returned are the
+    third run's (through the prepared calls)."""
     cuda = ox.InferenceSession(model, providers=[(CUDA, dict(options or {})), CPU])
     cpu = ox.InferenceSession(model, providers=[CPU])
-    return cuda.run(None, feeds), cpu.run(None, feeds), assignment(cuda)
+    other = {k: _permuted(v) for k, v in feeds.items()}
+    runs = [cuda.run(None, f) for f in (feeds, other, feeds, other)]
+    for a, b in zip(runs[1], runs[3]):
+        np.testing.assert_array_equal(
+            np.asarray(b), np.asarray(a), err_msg="a prepared run differs from the binding run"
+        )
+    return runs[2], cpu.run(None, feeds), assignment(cuda)
+
+
+def _permuted(v: Any) -> Any:
+    """Float arrays with their values in reverse order (same values, other places)."""
+    if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size > 1:
+        return np.ascontiguousarray(v.reshape(-1)[::-1].reshape(v.shape))
+    return v

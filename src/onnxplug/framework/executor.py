@@ -189,8 +189,10 @@ class Frame:
         "blocks",
         "ctxs",
         "feed_bufs",
+        "feed_calls",
         "folded",
         "in_stage",
+        "out_calls",
         "out_stage",
         "run_options",
         "scratch",
@@ -214,6 +216,8 @@ class Frame:
         self.feed_bufs: list[DeviceTensor | None] = []
         self.in_stage: list[tuple[DeviceTensor, np.ndarray] | None] = []
         self.out_stage: list[tuple[DeviceTensor, np.ndarray] | None] = []
+        self.feed_calls: list[Any] = []
+        self.out_calls: list[Any] = []
         self.staging: list[Allocation] = []
         self.sig: SignaturePlan | None = None
         self.run_options: Any = _UNSET  # what the contexts hold (set once per change)
@@ -393,6 +397,8 @@ class GraphRunner:
             None if meta is None else self._stage_buffer(f, meta[2], meta[0], meta[1])
             for meta in sig.outputs
         ]
+        f.feed_calls = [None] * n_feeds  # the bound staging copies, made on first use
+        f.out_calls = [None] * len(sig.outputs)
 
     def _stage_buffer(
         self, f: Frame, dev: Device, shape: tuple[int, ...], dtype: np.dtype
@@ -718,7 +724,10 @@ class GraphRunner:
                 stage = frame.in_stage[k]
                 if stage is not None:
                     np.copyto(stage[1], v)
-                    plan.transfer.copy(stage[0], buf, stream)
+                    call = frame.feed_calls[k]
+                    if call is None:
+                        call = frame.feed_calls[k] = plan.transfer.bind_copy(stage[0], buf, stream)
+                    call()
                 else:
                     src = v if v.flags.c_contiguous else np.ascontiguousarray(v)
                     plan.transfer.copy(src, buf, stream)
@@ -740,16 +749,19 @@ class GraphRunner:
                 continue
             key = self._output_streams[i]
             stream = frame.streams.get(key) if key is not None else None
-            if mode == FETCH_HOST:
+            if mode is FETCH_HOST:
                 if not isinstance(v, DeviceTensor):
                     continue
                 st = frame.out_stage[i] if frame.out_stage else None
                 if st is not None and st[0].shape == v.shape and st[0].dtype == v.dtype:
-                    plan.transfer.copy(v, st[0], stream)
+                    bound = frame.out_calls[i]
+                    if bound is None or bound[0] is not v:
+                        bound = frame.out_calls[i] = (v, plan.transfer.bind_copy(v, st[0], stream))
+                    bound[1]()
                     pending.append((i, st[1].copy))
                 else:
                     pending.append((i, lambda v=v: _to_host(v, plan)))
-            elif mode == FETCH_DEVICE:
+            elif mode is FETCH_DEVICE:
                 if isinstance(v, DeviceTensor) and _root(v) in frame.blocks.values():
                     # a planned output is the frame's memory: the caller gets its own copy
                     dst = allocate_tensor(plan.allocators[v.device], v.shape, v.dtype, stream)

@@ -140,6 +140,7 @@ class _Context:
         self.frame = capture.runner._make_frame(sig, None)
         self.res = _Resources(capture.runner, self.frame)
         self._finalizer = weakref.finalize(self, self.res.close)
+        self.replay_body: Any = None
         self.program: list[Any] = []  # step indices and _Segments, in run order
         self.segments: list[_Segment] = []
         self.export_slots: tuple[int, ...] = ()
@@ -417,6 +418,14 @@ class GraphCapture:
     def _replay(
         self, ctx: _Context, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
     ) -> list[Any]:
+        body = ctx.replay_body
+        if body is None:
+            body = ctx.replay_body = self._replay_body(ctx)
+        return self.runner._execute(
+            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots
+        )
+
+    def _replay_body(self, ctx: _Context) -> Any:
         program = ctx.program
 
         def body(frame: Frame, run_options: Any, where: list[Any]) -> None:
@@ -438,9 +447,7 @@ class GraphCapture:
                 else:
                     _run_steps((frame.steps[item],), values, where, run_options)
 
-        return self.runner._execute(
-            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots
-        )
+        return body
 
 
 __all__ = ["GRAPH_ID_KEY", "SKIP_CAPTURE", "GraphCapture", "annotation_id"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,12 @@ class DataTransfer(ABC):
         copies may be asynchronous on it; without one they complete before returning.
         """
 
+    def bind_copy(self, src: Any, dst: Any, stream: SyncStream) -> Callable[[], None] | None:
+        """The copy of ``src`` into ``dst`` on ``stream`` as a call bound once (both keep their
+        memory: a frame's staging buffer and its planned tensor), for a run's feeds and
+        outputs; None when this transfer has no such form (``copy_tensors`` is used)."""
+        return None
+
 
 def device_of(value: Any) -> Device:
     if isinstance(value, DeviceTensor):
@@ -133,3 +140,14 @@ class DataTransferManager:
             np.copyto(dst, src)
             return
         self.find(sd, dd).copy_tensors([(src, dst)], stream)
+
+    def bind_copy(self, src: Any, dst: Any, stream: SyncStream | None) -> Callable[[], None]:
+        """A call copying ``src`` into ``dst`` on ``stream``, bound once where the transfer
+        can (``DataTransfer.bind_copy``), else a plain ``copy``."""
+        if stream is not None:
+            sd, dd = device_of(src), device_of(dst)
+            if not (sd.is_cpu and dd.is_cpu):
+                call = self.find(sd, dd).bind_copy(src, dst, stream)
+                if call is not None:
+                    return call
+        return lambda: self.copy(src, dst, stream)

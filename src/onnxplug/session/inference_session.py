@@ -281,6 +281,8 @@ class InferenceSession:
         ]
         self._output_names = [vi.name for vi in self._outputs]
         self._output_index = {n: i for i, n in enumerate(self._output_names)}
+        self._all_outputs = list(range(len(self._output_names)))
+        self._fetch_all = {m: [m] * len(self._output_names) for m in (FETCH_HOST, FETCH_DEVICE)}
         self._assignment = ctx.records
         runner = self._runner
         runner.plan.plan_outputs = True  # run() copies the outputs out: they live in the plan
@@ -407,7 +409,7 @@ class InferenceSession:
 
     def _output_indices(self, output_names: list[str] | None) -> list[int]:
         if not output_names:
-            return list(range(len(self._output_names)))
+            return self._all_outputs
         idx = []
         for n in output_names:
             i = self._output_index.get(n)
@@ -443,6 +445,8 @@ class InferenceSession:
                 ep.on_run_end(run_options, True)
 
     def _fetch(self, idx: list[int], mode: Any) -> list[Any]:
+        if idx is self._all_outputs:
+            return self._fetch_all[mode]
         fetch: list[Any] = [None] * len(self._output_names)
         for i in idx:
             fetch[i] = mode

@@ -69,24 +69,34 @@ class CupyBackend:
 
     # per-run state ---------------------------------------------------------------------------
     def activate(self, stream: Any) -> None:
-        """Make ``stream`` CuPy's current stream on this thread (cheap when it already is)."""
+        """Make ``stream`` CuPy's current stream on this thread (cheap when it already is);
+        the first activation of a run also routes CuPy's allocations (``enter_run``)."""
         tls = self._tls
         if getattr(tls, "stream", None) is not stream:
+            if getattr(tls, "pending", None) is not None:
+                self._route(tls)
             tls.stream = stream
             stream.cupy_stream.use()
 
     def enter_run(self, allocator: Allocator) -> Any:
-        """Route CuPy's allocations on this thread to the running frame's scratch (or, outside
-        one, to ``allocator``); returns a restore token."""
+        """A run starts on this thread: CuPy's allocations will go to the running frame's
+        scratch (or, outside one, to ``allocator``). Nothing is touched until a kernel
+        activates a stream (a replayed graph never does); returns a restore token."""
+        tls = self._tls
+        tls.stream = None
+        tls.pending = allocator
+        tls.restore = None
+        return tls
+
+    def _route(self, tls: Any) -> None:
+        allocator = tls.pending
+        tls.pending = None
         mem = self.xp.cuda.memory
-        prev_alloc = mem._get_thread_local_allocator()
-        prev_stream = self.xp.cuda.get_current_stream()
+        tls.restore = (mem._get_thread_local_allocator(), self.xp.cuda.get_current_stream())
         hook = self._hooks.get(id(allocator))
         if hook is None:
             hook = self._hooks[id(allocator)] = self._make_hook(allocator)
         mem._set_thread_local_allocator(hook)
-        self._tls.stream = None
-        return prev_alloc, prev_stream
 
     def _make_hook(self, allocator: Allocator) -> Any:
         device = self.device
@@ -116,10 +126,14 @@ class CupyBackend:
         return None
 
     def exit_run(self, token: Any) -> None:
-        prev_alloc, prev_stream = token
-        self.xp.cuda.memory._set_thread_local_allocator(prev_alloc)
-        prev_stream.use()
-        self._tls.stream = None
+        tls = self._tls
+        tls.pending = None
+        restore, tls.restore = getattr(tls, "restore", None), None
+        tls.stream = None
+        if restore is not None:
+            prev_alloc, prev_stream = restore
+            self.xp.cuda.memory._set_thread_local_allocator(prev_alloc)
+            prev_stream.use()
 
     def synchronize(self) -> None:
         self._cupy_device.synchronize()
