@@ -51,3 +51,11 @@ def virt_b() -> Iterator[vd.VirtualDeviceFactory]:
     """A second provider on ``virt:0`` (VirtualDeviceBExecutionProvider)."""
     with registered(vd.SHARED_DEVICE_NAME, f"{VIRT}:create_shared_device_factory") as f:
         yield f
+
+
+@pytest.fixture
+def virt_arena() -> Iterator[vd.VirtualDeviceFactory]:
+    """The virtual device ``virt:2`` whose sessions share one BFC arena
+    (VirtualDeviceArenaExecutionProvider)."""
+    with registered(vd.ARENA_NAME, f"{VIRT}:create_arena_factory") as f:
+        yield f

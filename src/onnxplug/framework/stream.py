@@ -3,13 +3,16 @@
 A ``SyncStream`` is an ordered queue of device work (onnxruntime's OrtSyncStreamImpl). When a
 value produced on one stream is consumed on another, the executor activates a notification on
 the producer and makes the consumer wait on it. Every stream counts notifications (``sync_id``)
-so a stream-aware arena can tell when a block freed on one stream is safe on another.
+so a stream-aware arena can tell when a block freed on one stream is safe on another; the
+arena also listens for the end of a stream's run and for its closing (``add_release_listener``)
+to make the blocks it tagged with the stream free for every stream again.
 """
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,6 +52,7 @@ class SyncStream(ABC):
         self._sync_id = 0
         self._last_wait: dict[int, int] = {}  # id(producer stream) -> its sync_id waited on
         self._lock = threading.Lock()
+        self.release_listeners: list[Callable[[SyncStream], None]] = []
 
     @property
     def handle(self) -> int:
@@ -78,12 +82,29 @@ class SyncStream(ABC):
     def flush(self) -> None:
         """Block until all work queued on the stream has finished."""
 
+    def add_release_listener(self, fn: Callable[[SyncStream], None]) -> None:
+        """Call ``fn(stream)`` whenever the stream has no queued work left that a run gave it:
+        after ``on_session_run_end`` flushed it, and when it closes."""
+        self.release_listeners.append(fn)
+
+    def notify_released(self) -> None:
+        """Tell the listeners that the stream's queued work is done (subclasses that override
+        ``on_session_run_end`` or ``close`` call this once the stream is drained)."""
+        for fn in list(self.release_listeners):
+            fn(self)
+
     def on_session_run_end(self) -> None:
-        """Called once per run for each stream the run used."""
+        """Called once per run for each stream the run used: drain it, then release what
+        allocators tagged with it."""
         self.flush()
+        self.notify_released()
 
     def close(self) -> None:
-        """Release the stream's resources."""
+        """Release the stream's resources. Subclasses drain the stream first, then call this,
+        which tells the release listeners (once)."""
+        listeners, self.release_listeners = self.release_listeners, []
+        for fn in listeners:
+            fn(self)
 
 
 class DataTransfer(ABC):

@@ -254,7 +254,13 @@ def build_runner(
             if key not in copies:
                 cname = name if dev.is_cpu else f"{name}@{dev}"
                 copies[key] = cname
-                value = place(graph.initializers[name], dev, ctx.transfer, _allocators(ctx, dev))
+                value = place(
+                    graph.initializers[name],
+                    dev,
+                    ctx.transfer,
+                    _allocators(ctx, dev),
+                    reserve=True,
+                )
                 if isinstance(value, DeviceTensor):
                     value.stable_view = {}  # the same tensor every run: views are kept
                 constants[slot(cname)] = value

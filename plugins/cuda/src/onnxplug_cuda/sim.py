@@ -1,7 +1,7 @@
 """A host-simulated CUDA device, for testing the CUDA kernels' logic where there is no GPU.
 
 ``CUDASimExecutionProvider`` is the CUDA provider with its GPU parts swapped for host ones:
-memory is host memory behind a counting allocator, ``xp`` is numpy instead of CuPy, streams
+memory is host memory behind the same BFC arena, ``xp`` is numpy instead of CuPy, streams
 run work immediately, and GEMM/convolution use the backends' numpy paths. Partitioning,
 placement, copies, kernel registration and each kernel's shape and indexing logic are the
 real ones. It proves nothing about CUDA itself: the GPU tests do that.
@@ -15,6 +15,7 @@ import numpy as np
 
 from onnxplug.ep import (
     Allocator,
+    BFCArena,
     DataTransfer,
     Device,
     DeviceTensor,
@@ -63,6 +64,7 @@ class SimStream(SyncStream):
 
     def close(self) -> None:
         self.closed = True
+        super().close()
 
 
 class NumpyBackend:
@@ -151,13 +153,14 @@ class CudaSimEpFactory(CudaEpFactory):
         s.frame_owned = not shared
         return s
 
-    def _make_allocator(self, memory_info: MemoryInfo) -> Allocator | None:
-        if memory_info.name == "Cuda":
-            return HostAllocator(memory_info)
-        return None
+    def _device_arena(self, memory_info: MemoryInfo, settings: Any) -> BFCArena:
+        return BFCArena(HostAllocator(memory_info), settings.arena, stream_aware=True)
 
-    def limited_allocator(self, memory_info: MemoryInfo, limit: int) -> Allocator:
+    def _raw_pinned(self, memory_info: MemoryInfo) -> Allocator:
         return HostAllocator(memory_info)
+
+    def _mempool_unsupported(self, ordinal: int) -> str | None:
+        return "the host-simulated device has no CUDA memory pools"
 
     def create_data_transfer(self) -> SimTransfer:
         return SimTransfer()

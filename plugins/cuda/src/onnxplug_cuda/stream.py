@@ -192,6 +192,7 @@ class CudaSyncStream(SyncStream):
             pass
         if self._on_close is not None:
             self._on_close(self._handle)
+        super().close()  # drained: arenas untag the blocks they tagged with this stream
         if self._cublaslt is not None:
             from nvmath.bindings import cublasLt
 
