@@ -236,6 +236,36 @@ def latency_line(first: float, times: list[float]) -> str:
     )
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def memory_lines(sess: Any) -> list[str]:
+    """Peak and current device memory of the session's allocators (``--memory``)."""
+    stats = sess.get_allocator_stats()
+    if not stats:
+        return ["memory: no device allocators (host tensors are numpy arrays)"]
+    lines = ["memory (a device's arena is shared by every session on it):"]
+    width = max(len(d) for d in stats)
+    for dev, st in stats.items():
+        parts = [
+            f"peak {_mib(st.get('MaxInUse', 0))} in use",
+            f"{_mib(st.get('InUse', 0))} in use now",
+        ]
+        if "TotalAllocated" in st:
+            parts.append(f"{_mib(st['TotalAllocated'])} held")
+        limit = st.get("Limit")
+        if limit is not None:
+            parts.append("no limit" if limit >= (1 << 63) - 1 else f"limit {_mib(limit)}")
+        parts.append(f"{st.get('NumAllocs', 0)} allocations")
+        if "NumArenaExtensions" in st:
+            parts.append(f"{st['NumArenaExtensions']} arena regions")
+        if st.get("NumArenaShrinkages"):
+            parts.append(f"{st['NumArenaShrinkages']} regions given back")
+        lines.append(f"  {dev:<{width}}  " + ", ".join(parts))
+    return lines
+
+
 def _shape_str(shape: Sequence[Any]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
@@ -350,6 +380,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for line in assignment_summary(sess):
         print(line)
     print(latency_line(first, times))
+    if args.memory:
+        for line in memory_lines(sess):
+            print(line)
     if args.output_dir:
         out_dir = Path(args.output_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -515,6 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--output-dir", metavar="DIR", help="save each output as DIR/<name>.npy")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="print peak and in-use device memory of the session's allocators",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("conformance", help="run the ONNX backend node test suite")

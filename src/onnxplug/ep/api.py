@@ -180,9 +180,7 @@ class Ep(ABC):
         ``arena.*`` keys (what onnxruntime's PluginExecutionProvider passes)."""
         prefix = f"ep.{self.name.lower()}."
         return {
-            k[len(prefix) :]: v
-            for k, v in self.config.items()
-            if k.startswith(prefix + "arena.")
+            k[len(prefix) :]: v for k, v in self.config.items() if k.startswith(prefix + "arena.")
         }
 
     def create_sync_stream(self) -> SyncStream | None:

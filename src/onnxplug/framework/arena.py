@@ -184,7 +184,17 @@ class _Region:
 class _Chunk:
     """A piece of a region: in use, or free and in exactly one bin."""
 
-    __slots__ = ("in_use", "next", "prev", "ptr", "region", "requested", "size", "stream", "sync_id")
+    __slots__ = (
+        "in_use",
+        "next",
+        "prev",
+        "ptr",
+        "region",
+        "requested",
+        "size",
+        "stream",
+        "sync_id",
+    )
 
     def __init__(self, ptr: int, size: int, region: _Region):
         self.ptr = ptr

@@ -473,6 +473,17 @@ class GraphRunner:
             a.release()
         f.staging = []
 
+    def release_frames(self) -> None:
+        """Close the pooled frames and let go of their memory-plan blocks and scratch (before
+        an arena shrinks); the signature plans stay, and the next run of a signature makes a frame."""
+        with self._lock:
+            sigs = list(self._signatures.values())
+        for sig in sigs:
+            with sig.lock:
+                frames, sig.frames = sig.frames, []
+            for f in frames:
+                self._close_frame(f)
+
     # signature plans --------------------------------------------------------------------------
     def _signature(self, feeds: list[Any]) -> tuple:
         sig: list[Any] = []
@@ -672,7 +683,12 @@ class GraphRunner:
             error = _run_error(where[0], e)
             if error is e:
                 raise
-            raise error from e
+            try:
+                raise error from e
+            finally:
+                # no reference cycle (error -> traceback -> this frame -> error) may keep the
+                # run's device memory alive until the garbage collector runs
+                del error
         finally:
             exit_scratch(prev)
             if failed:

@@ -8,7 +8,6 @@ Environment config entries are onnxruntime's ``OrtEnvCreationOptions::config_ent
 from __future__ import annotations
 
 import threading
-
 from collections.abc import Mapping
 
 from ..ep.api import EpDevice, EpFactory, supports

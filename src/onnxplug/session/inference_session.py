@@ -35,7 +35,7 @@ from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype
 from ..optimizer.passes import optimize
 from .build import BuildContext, build_runner, make_constant_folder
 from .environment import get_environment
-from .memory import USE_ENV_ALLOCATORS_KEY, SessionAllocators
+from .memory import SHRINK_RUN_KEY, USE_ENV_ALLOCATORS_KEY, SessionAllocators
 from .options import RunOptions, SessionOptions
 from .value import OrtValue, to_numpy, unwrap
 
@@ -457,7 +457,7 @@ class InferenceSession:
         finally:
             for ep in eps:
                 ep.on_run_end(run_options, True)
-            self._memory.after_run(run_options)
+            self._after_run(run_options)
 
     def _fetch(self, idx: list[int], mode: Any) -> list[Any]:
         fetch: list[Any] = [None] * len(self._output_names)
@@ -556,8 +556,21 @@ class InferenceSession:
     def shrink_memory_arenas(self, devices: str | None = None) -> None:
         """Give the unused regions of this session's arenas back to their devices: all of
         them, or those ``devices`` lists (``"gpu:0"``, ``"cpu:0;gpu:0"``, ``"cuda:1"``), like
-        the run option ``memory.enable_memory_arena_shrinkage``."""
-        self._memory.shrink(devices)
+        the run option ``memory.enable_memory_arena_shrinkage``. The session first lets go
+        of the memory-plan blocks of its idle execution frames (the next run of a shape
+        makes a new frame), so the memory of an earlier large input comes back too."""
+        targets = self._memory.shrink_targets(devices)
+        self._runner.release_frames()
+        for allocator in targets:
+            allocator.shrink()
+
+    def _after_run(self, run_options: RunOptions | None) -> None:
+        """Memory work at the end of every run: the run option
+        ``memory.enable_memory_arena_shrinkage`` shrinks the devices it lists."""
+        if run_options is not None:
+            spec = run_options.get(SHRINK_RUN_KEY)
+            if spec:
+                self.shrink_memory_arenas(spec)
 
     # profiling ----------------------------------------------------------------------------------
     def end_profiling(self) -> str:

@@ -54,10 +54,12 @@ class SessionAllocators:
             mi = self.env.memory_info_for(ep.ep_device, device)
             owner: EpFactory | None = None
             alloc = ep.get_allocator(mi)
-            if alloc is None and self.use_env_allocators:
-                alloc = self.env.registered_allocator(ep.factory, mi)
             if alloc is None:
-                alloc = self.env.create_allocator(ep.factory, mi, ep.allocator_options(mi))
+                # with use_env_allocators the environment's registered allocator is used as
+                # it is configured (the factory shares it): the session's options do not count
+                env_only = self.use_env_allocators and self.env.registered_allocator(ep.factory, mi)
+                options = None if env_only else ep.allocator_options(mi)
+                alloc = self.env.create_allocator(ep.factory, mi, options)
                 owner = ep.factory
             self._held[key] = _Held(ep, device, mi, alloc, owner)
             return alloc
@@ -89,36 +91,26 @@ class SessionAllocators:
     def stats(self) -> dict[str, dict[str, int]]:
         return {name: dict(h.allocator.get_stats()) for name, h in self._entries()}
 
-    def shrink(self, spec: str | None = None) -> None:
-        """Shrink the allocators of the devices ``spec`` lists ("gpu:0;cpu:0", see
-        ``parse_shrink_spec``), or all of them."""
+    def shrink_targets(self, spec: str | None = None) -> list[Allocator]:
+        """The allocators of the devices ``spec`` lists ("gpu:0;cpu:0", see
+        ``parse_shrink_spec``), or all of them; a device the session does not use is an
+        InvalidArgument."""
         entries = self._entries()
         if spec is None:
-            targets = [h for _, h in entries]
-        else:
-            targets = []
-            for dev_type, dev_id in self._parsed(spec):
-                if dev_type == "cpu":
-                    continue  # host tensors are numpy arrays: there is no CPU arena to shrink
-                hits = [h for _, h in entries if _matches(h, dev_type, dev_id)]
-                if not hits:
-                    have = sorted({str(h.device) for _, h in entries})
-                    raise InvalidArgument(
-                        f"{SHRINK_RUN_KEY}: this session has no allocator on '{dev_type}:"
-                        f"{dev_id}'; its devices are {have or 'none (host memory only)'}"
-                    )
-                targets.extend(h for h in hits if h not in targets)
-        for h in targets:
-            h.allocator.shrink()
-
-    def after_run(self, run_options: Any) -> None:
-        """Called by every run when it ends: the ``memory.enable_memory_arena_shrinkage`` run
-        option shrinks the listed devices' arenas."""
-        if run_options is None:
-            return
-        spec = run_options.get(SHRINK_RUN_KEY)
-        if spec:
-            self.shrink(spec)
+            return [h.allocator for _, h in entries]
+        targets: list[Allocator] = []
+        for dev_type, dev_id in self._parsed(spec):
+            if dev_type == "cpu":
+                continue  # host tensors are numpy arrays: there is no CPU arena to shrink
+            hits = [h.allocator for _, h in entries if _matches(h, dev_type, dev_id)]
+            if not hits:
+                have = sorted({str(h.device) for _, h in entries})
+                raise InvalidArgument(
+                    f"{SHRINK_RUN_KEY}: this session has no allocator on '{dev_type}:"
+                    f"{dev_id}'; its devices are {have or 'none (host memory only)'}"
+                )
+            targets.extend(a for a in hits if all(a is not t for t in targets))
+        return targets
 
     def _parsed(self, spec: str) -> list[tuple[str, int]]:
         hit = self._shrink_specs.get(spec)

@@ -143,9 +143,7 @@ SPECS: tuple[OptionSpec, ...] = (
         doc="user_compute_stream is set (0 is a valid stream)",
     ),
     OptionSpec("user_compute_stream", _pointer, 0, doc="run on this cudaStream_t (address)"),
-    OptionSpec(
-        "gpu_external_alloc", _pointer, 0, doc="external allocator: alloc(size) -> address"
-    ),
+    OptionSpec("gpu_external_alloc", _pointer, 0, doc="external allocator: alloc(size) -> address"),
     OptionSpec("gpu_external_free", _pointer, 0, doc="external allocator: free(address)"),
     OptionSpec("gpu_external_empty_cache", _pointer, 0, doc="external allocator: empty_cache()"),
     OptionSpec(
@@ -267,8 +265,7 @@ def parse_options(
             if obj is not None:
                 if spec.key not in OBJECT_KEYS or not callable(obj):
                     raise InvalidArgument(
-                        f"CUDA provider option {label} must be a string, not a "
-                        f"{type(obj).__name__}"
+                        f"CUDA provider option {label} must be a string, not a {type(obj).__name__}"
                     )
                 values[spec.key] = obj
             else:
