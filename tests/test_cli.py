@@ -371,3 +371,34 @@ def test_conformance_check_against_the_expected_failures(capsys):
     rc, out, err = run_cli(capsys, "conformance", "--pattern", r"^test_(relu|abs)$", "--check")
     assert rc == 0, err
     assert "passed=2" in out
+
+
+def test_run_memory_prints_peak_and_in_use_device_memory(capsys, virt_arena, relu_neg_model):
+    name = virt_arena.name
+    rc, out, err = run_cli(
+        capsys,
+        "run",
+        str(relu_neg_model),
+        "--provider",
+        name,
+        "--provider-option",
+        f"{name}:arena.max_mem={64 << 20}",
+        "--runs",
+        "3",
+        "--memory",
+    )
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.strip().startswith("virt:2"))
+    # the feed copy and Relu's output (24 bytes each, 256 in the arena) live together at most;
+    # between runs only the memory plan's block for Relu's output stays
+    assert "peak 512 B in use, 256 B in use now, 1.0 MiB held" in line, line
+    assert "limit 64.0 MiB" in line and "1 arena regions" in line
+    assert re.search(r"\d+ allocations", line)
+
+
+def test_run_memory_on_the_host_only(capsys, add_model):
+    rc, out, err = run_cli(
+        capsys, "run", str(add_model), "--provider", "CPUExecutionProvider", "--memory"
+    )
+    assert rc == 0, err
+    assert "memory: no device allocators (host tensors are numpy arrays)" in out

@@ -484,3 +484,34 @@ def test_external_allocator_option_errors(sim):
         session(SIM, gpu_external_alloc=cb.alloc)
     with pytest.raises(InvalidArgument, match="'use_tf32'.* must be a string"):
         session(SIM, use_tf32=cb.alloc, **external(cb))
+
+
+def test_shared_arenas_are_per_device_ordinal():
+    if str(PLUGIN_SRC) not in sys.path:
+        sys.path.insert(0, str(PLUGIN_SRC))
+    ox.register_execution_provider_library(SIM, "tests.plugins.cuda_sim_devices:create_factory")
+    try:
+        factory = next(d.factory for d in ox.get_ep_devices() if d.ep_name == SIM)
+        s0 = session(SIM, device_id="0", gpu_mem_limit=str(64 * MiB))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # device 1 has no arena yet: nothing is ignored
+            s1 = session(SIM, device_id="1", gpu_mem_limit=str(32 * MiB))
+        x = rand(8)
+        for sess in (s0, s1):
+            got = sess.run(None, {"x": x})[0]
+            np.testing.assert_allclose(got, reference(x), rtol=1e-5, atol=1e-5)
+        del sess
+        assert s0.get_allocator_stats()["cudasim:0"]["Limit"] == 64 * MiB
+        assert s1.get_allocator_stats()["cudasim:1"]["Limit"] == 32 * MiB
+        mis = {
+            d.memory_info.device.id: d.memory_info for d in ox.get_ep_devices() if d.ep_name == SIM
+        }
+        a0, a1 = factory.shared_allocator(mis[0]), factory.shared_allocator(mis[1])
+        assert a0 is not a1
+        del s1
+        gc.collect()
+        assert factory.shared_allocator(mis[1]) is None  # device 1's arena went with its session
+        assert factory.shared_allocator(mis[0]) is a0
+        del s0
+    finally:
+        ox.unregister_execution_provider_library(SIM)

@@ -236,8 +236,11 @@ def latency_line(first: float, times: list[float]) -> str:
     )
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+def _bytes(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
 
 
 def memory_lines(sess: Any) -> list[str]:
@@ -249,14 +252,14 @@ def memory_lines(sess: Any) -> list[str]:
     width = max(len(d) for d in stats)
     for dev, st in stats.items():
         parts = [
-            f"peak {_mib(st.get('MaxInUse', 0))} in use",
-            f"{_mib(st.get('InUse', 0))} in use now",
+            f"peak {_bytes(st.get('MaxInUse', 0))} in use",
+            f"{_bytes(st.get('InUse', 0))} in use now",
         ]
         if "TotalAllocated" in st:
-            parts.append(f"{_mib(st['TotalAllocated'])} held")
+            parts.append(f"{_bytes(st['TotalAllocated'])} held")
         limit = st.get("Limit")
         if limit is not None:
-            parts.append("no limit" if limit >= (1 << 63) - 1 else f"limit {_mib(limit)}")
+            parts.append("no limit" if limit >= (1 << 63) - 1 else f"limit {_bytes(limit)}")
         parts.append(f"{st.get('NumAllocs', 0)} allocations")
         if "NumArenaExtensions" in st:
             parts.append(f"{st['NumArenaExtensions']} arena regions")
