@@ -5,7 +5,6 @@ stats, thread safety, the stream rules, and property-based tests of its invarian
 from __future__ import annotations
 
 import random
-import threading
 import warnings
 
 import pytest
@@ -25,7 +24,8 @@ from onnxplug.framework.arena import (
     rounded_bytes,
 )
 from onnxplug.framework.memory import Allocator, Device, MemoryInfo, allocate
-from onnxplug.framework.stream import SyncNotification, SyncStream
+from onnxplug.framework.stream import ImmediateStream, SyncStream
+from tests.conftest import run_in_threads
 
 KiB, MiB = 1 << 10, 1 << 20
 FAKE = Device("fake", 0)
@@ -61,29 +61,13 @@ class FakeRaw(Allocator):
         del self.live[ptr]
 
 
-class Note(SyncNotification):
-    def __init__(self, producer: SyncStream):
-        self.producer = producer
-        self.sync_id = 0
+class Stream(ImmediateStream):
+    """A stream that counts its flushes."""
 
-    def activate(self) -> None:
-        self.sync_id = self.producer.next_sync_id()
-
-    def wait_on_device(self, consumer: SyncStream) -> None:
-        consumer.record_wait(self.producer, self.sync_id)
-
-    def wait_on_host(self) -> None:
-        pass
-
-
-class Stream(SyncStream):
     def __init__(self, name: str = ""):
         super().__init__(FAKE)
         self.name = name
         self.flushes = 0
-
-    def create_notification(self) -> Note:
-        return Note(self)
 
     def flush(self) -> None:
         self.flushes += 1
@@ -517,33 +501,24 @@ def test_memory_info_says_arena():
 def test_concurrent_alloc_and_free_keep_the_arena_consistent():
     raw = FakeRaw()
     arena = BFCArena(raw, ArenaConfig(initial_chunk_size_bytes=64 * KiB))
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
         s = Stream(str(seed))
         live: list[int] = []
-        try:
-            for _ in range(400):
-                if live and rng.random() < 0.5:
-                    arena.free(live.pop(rng.randrange(len(live))))
-                else:
-                    size = rng.choice([100, 1000, 5000, 70000])
-                    ptr = arena.alloc_on_stream(size, s) if seed % 2 else arena.alloc(size)
-                    assert ptr
-                    live.append(ptr)
-            for p in live:
-                arena.free(p)
-            s.close()
-        except BaseException as e:
-            errors.append(e)
+        for _ in range(400):
+            if live and rng.random() < 0.5:
+                arena.free(live.pop(rng.randrange(len(live))))
+            else:
+                size = rng.choice([100, 1000, 5000, 70000])
+                ptr = arena.alloc_on_stream(size, s) if seed % 2 else arena.alloc(size)
+                assert ptr
+                live.append(ptr)
+        for p in live:
+            arena.free(p)
+        s.close()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work, 6)
     check_invariants(arena, raw)
     assert arena.get_stats()["InUse"] == 0 and arena.get_stats()["NumAllocs"] > 0
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import sys
-import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import onnxplug as ox
 from onnxplug.errors import InvalidArgument, OutOfMemory, RuntimeException
 from onnxplug.session.environment import get_environment
 from onnxplug.session.memory import parse_shrink_spec
+from tests.conftest import run_in_threads
 from tests.plugins import virtual_device as vd
 from tests.plugins.graphs import make_model, node, tensor, weights
 
@@ -305,21 +305,13 @@ def test_planned_block_comes_from_the_arena(virt_arena):
 
 def test_concurrent_runs_share_the_arena_across_streams(virt_arena):
     s = session()
-    errors: list[str] = []
 
     def work(seed: int) -> None:
         for k in range(15):
             x = rand(32 + 8 * seed, seed=seed * 100 + k)
-            got = s.run(None, {"x": x})[0]
-            if not np.allclose(got, reference(x), rtol=1e-5, atol=1e-5):
-                errors.append(f"thread {seed} run {k}")
+            np.testing.assert_allclose(s.run(None, {"x": x})[0], reference(x), 1e-5, 1e-5)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work, 4)
     assert virt_arena.arena().dump()["tagged"] == {}  # every run's stream was released
 
 

@@ -53,7 +53,14 @@ from ..framework.memory import (
     host_view,
 )
 from ..framework.scratch import FrameScratch, current_scratch
-from ..framework.stream import DataTransfer, SyncNotification, SyncStream, device_of
+from ..framework.stream import (
+    DataTransfer,
+    ImmediateNotification,
+    ImmediateStream,
+    SyncNotification,
+    SyncStream,
+    device_of,
+)
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype, tensor_type_str
 from .api import (
     API_VERSION,
@@ -95,6 +102,8 @@ __all__ = [
     "HardwareDevice",
     "HostAllocator",
     "IfKernel",
+    "ImmediateNotification",
+    "ImmediateStream",
     "InvalidArgument",
     "InvalidGraph",
     "Kernel",

@@ -413,9 +413,11 @@ class BFCArena(Allocator):
 
     def _find(self, rounded: int, stream: Any) -> _Chunk | None:
         chunks = self._chunks
-        for b in range(bin_num_for_size(rounded), NUM_BINS):
-            entries = self._bins[b]
-            i = bisect.bisect_left(entries, (rounded, 0))
+        key = (rounded, 0)
+        for entries in self._bins[min(NUM_BINS - 1, (rounded >> 8).bit_length() - 1) :]:
+            if not entries:
+                continue
+            i = bisect.bisect_left(entries, key)
             while i < len(entries):
                 c = chunks[entries[i][1]]
                 if self._usable(c, stream):
@@ -434,8 +436,10 @@ class BFCArena(Allocator):
         c.requested = size
         self._num_allocs += 1
         self._in_use += c.size
-        self._max_in_use = max(self._max_in_use, self._in_use)
-        self._max_alloc = max(self._max_alloc, c.size)
+        if self._in_use > self._max_in_use:
+            self._max_in_use = self._in_use
+        if c.size > self._max_alloc:
+            self._max_alloc = c.size
 
     def _split(self, c: _Chunk, size: int) -> None:
         rest = _Chunk(c.ptr + size, c.size - size, c.region)
@@ -545,17 +549,21 @@ class BFCArena(Allocator):
         c.next = n.next
         if n.next is not None:
             n.next.prev = c
-        c.sync_id = max(c.sync_id, n.sync_id)
+        if n.sync_id > c.sync_id:
+            c.sync_id = n.sync_id
         del self._chunks[n.ptr]
         if n.stream is not None:
             self._stream_chunks[n.stream].discard(n)
 
+    # chunk sizes are multiples of 256: their bin is floor(log2(size / 256)), at most 20
     def _insert_in_bin(self, c: _Chunk) -> None:
-        bisect.insort(self._bins[bin_num_for_size(c.size)], (c.size, c.ptr))
+        size = c.size
+        bisect.insort(self._bins[min(NUM_BINS - 1, (size >> 8).bit_length() - 1)], (size, c.ptr))
 
     def _remove_from_bin(self, c: _Chunk) -> None:
-        entries = self._bins[bin_num_for_size(c.size)]
-        del entries[bisect.bisect_left(entries, (c.size, c.ptr))]
+        size = c.size
+        entries = self._bins[min(NUM_BINS - 1, (size >> 8).bit_length() - 1)]
+        del entries[bisect.bisect_left(entries, (size, c.ptr))]
 
     def _release_free_regions(self, regions: list[_Region]) -> None:
         for region in regions:

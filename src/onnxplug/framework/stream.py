@@ -107,6 +107,42 @@ class SyncStream(ABC):
             fn(self)
 
 
+class ImmediateNotification(SyncNotification):
+    """A notification of a stream whose work is done as soon as it is queued: there is
+    nothing to wait for, only sync ids to count."""
+
+    def __init__(self, producer: SyncStream):
+        self.producer = producer
+        self.sync_id = 0
+
+    def activate(self) -> None:
+        self.sync_id = self.producer.next_sync_id()
+
+    def wait_on_device(self, consumer: SyncStream) -> None:
+        consumer.record_wait(self.producer, self.sync_id)
+
+    def wait_on_host(self) -> None:
+        pass
+
+
+class ImmediateStream(SyncStream):
+    """A stream whose work runs when it is queued (host-simulated devices, tests)."""
+
+    def __init__(self, device: Device):
+        super().__init__(device)
+        self.closed = False
+
+    def create_notification(self) -> ImmediateNotification:
+        return ImmediateNotification(self)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+        super().close()
+
+
 class DataTransfer(ABC):
     """Copies tensors between a provider's memory and the host or another device."""
 

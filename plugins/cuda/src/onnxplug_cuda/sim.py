@@ -20,8 +20,8 @@ from onnxplug.ep import (
     Device,
     DeviceTensor,
     HostAllocator,
+    ImmediateStream,
     MemoryInfo,
-    SyncNotification,
     SyncStream,
     counters,
     host_view,
@@ -34,37 +34,11 @@ SIM_NAME = "CUDASimExecutionProvider"
 SIM_TYPE = "cudasim"
 
 
-class SimNotification(SyncNotification):
-    def __init__(self, producer: SimStream):
-        self.producer = producer
-        self.sync_id = 0
-
-    def activate(self) -> None:
-        self.sync_id = self.producer.next_sync_id()
-
-    def wait_on_device(self, consumer: SyncStream) -> None:
-        consumer.record_wait(self.producer, self.sync_id)
-
-    def wait_on_host(self) -> None:
-        pass
-
-
-class SimStream(SyncStream):
+class SimStream(ImmediateStream):
     """Work runs at once on the host, so there is nothing to wait for."""
-
-    def __init__(self, device: Device):
-        super().__init__(device)
-        self.closed = False
-
-    def create_notification(self) -> SimNotification:
-        return SimNotification(self)
 
     def flush(self) -> None:
         counters.bump(counters.HOST_SYNCS)  # what the real stream's synchronise would be
-
-    def close(self) -> None:
-        self.closed = True
-        super().close()
 
 
 class NumpyBackend:
