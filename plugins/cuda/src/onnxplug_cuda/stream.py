@@ -130,6 +130,13 @@ class CudaSyncStream(SyncStream):
         counters.bump(counters.HOST_SYNCS)
         check(cudart().cudaStreamSynchronize(self._handle), "cudaStreamSynchronize")
 
+    def on_session_run_end(self) -> None:
+        self.flush()
+        # a user's stream its owner is capturing has not run the work yet: its blocks stay
+        # tagged (the arena keeps them from other streams)
+        if self.owned or not self.is_capturing():
+            self.notify_released()
+
     # graph capture ----------------------------------------------------------------------------
     def begin_capture(self) -> None:
         rt = cudart()
