@@ -403,3 +403,56 @@ def test_run_memory_on_the_host_only(capsys, add_model):
     )
     assert rc == 0, err
     assert "memory: no device allocators (host tensors are numpy arrays)" in out
+
+
+def _png_pixels(data: bytes) -> np.ndarray:
+    """The RGB pixels of a PNG written by onnxplug.tools.plot (8-bit RGB, no filtering)."""
+    import struct
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, size = 8, b"", (0, 0)
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    w, h = size
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(h, 1 + 3 * w)
+    assert (rows[:, 0] == 0).all()
+    return rows[:, 1:].reshape(h, w, 3)
+
+
+def test_run_memory_plot_draws_a_png(capsys, virt_arena, relu_neg_model, tmp_path):
+    from onnxplug.tools.plot import COLORS
+
+    target = tmp_path / "mem.png"
+    rc, out, err = run_cli(
+        capsys,
+        "run",
+        str(relu_neg_model),
+        "--provider",
+        virt_arena.name,
+        "--runs",
+        "1",
+        "--memory-plot",
+        str(target),
+    )
+    assert rc == 0, err
+    assert re.search(r"memory plot: .*mem.png \(device memory in use during one run: x 0-", out)
+    assert "virt:2 blue" in out
+    img = _png_pixels(target.read_bytes())
+    assert img.shape == (400, 800, 3)
+    assert (img == COLORS[0]).all(axis=2).sum() > 100  # the series was drawn
+
+
+def test_run_memory_plot_without_an_arena(capsys, add_model, tmp_path):
+    rc, out, err = run_cli(
+        capsys, "run", str(add_model), "--runs", "0", "--memory-plot", str(tmp_path / "m.png")
+    )
+    assert rc == 0, err
+    assert "memory plot: not written, the session has no device arena" in out
+    assert not (tmp_path / "m.png").exists()

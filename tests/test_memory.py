@@ -507,3 +507,42 @@ def test_shared_arenas_are_per_device_ordinal():
         del s0
     finally:
         ox.unregister_execution_provider_library(SIM)
+
+
+def test_memory_usage_is_recorded_over_a_run(virt_arena):
+    s = session()
+    x = rand(512)
+    s.run(None, {"x": x})  # the recording run allocates every tensor on its own
+    with s.record_memory_usage() as usage:
+        s2 = session()  # a second session shares the arena: its initializers show
+        del s2
+    assert list(usage) == ["virt:2"]
+    points = usage["virt:2"]
+    times = [t for t, _ in points]
+    assert times == sorted(times) and times[0] == 0.0
+    assert points[0][1] == points[-1][1] == s.get_allocator_stats()["virt:2"]["InUse"]
+    peak = max(n for _, n in points)
+    assert peak - points[0][1] >= 2 * K * H * 4  # the two weights of the second session
+    assert virt_arena.arena().trace is None  # recording stops with the block
+
+
+@pytest.mark.parametrize("provider", [ARENA, SIM])
+def test_a_dropped_session_frees_its_device_memory_without_the_garbage_collector(provider, request):
+    """No reference cycle may hold a session's initializers, memory plans or scratch: device
+    memory must not wait for the garbage collector (a recursive closure in the build and a
+    frame <-> signature-plan cycle once did)."""
+    request.getfixturevalue("virt_arena" if provider == ARENA else "sim")
+    keep = session(provider)  # holds the arena, so that it stays to be looked at
+    dev = next(iter(keep.get_allocator_stats()))
+    base = keep.get_allocator_stats()[dev]["InUse"]
+    gc.disable()
+    try:
+        s = session(provider)
+        for n in (4, 512):
+            s.run(None, {"x": rand(n)})
+            s.run(None, {"x": rand(n)})
+        assert keep.get_allocator_stats()[dev]["InUse"] > base
+        del s
+        assert keep.get_allocator_stats()[dev]["InUse"] == base
+    finally:
+        gc.enable()

@@ -269,6 +269,25 @@ def memory_lines(sess: Any) -> list[str]:
     return lines
 
 
+def memory_plot(sess: Any, feeds: dict[str, Any], path: Path) -> str:
+    """Record the device memory in use over one more run, draw it to ``path`` (PNG)."""
+    from onnxplug.tools.plot import COLOR_NAMES, step_chart_png
+
+    with sess.record_memory_usage() as usage:
+        sess.run(None, feeds)
+    if not usage:
+        return "memory plot: not written, the session has no device arena to record"
+    series = [[(t * 1e3, n / (1 << 20)) for t, n in points] for points in usage.values()]
+    path.write_bytes(step_chart_png(series))
+    ms = max(x for s in series for x, _ in s)
+    mib = max(y for s in series for _, y in s)
+    legend = ", ".join(f"{dev} {COLOR_NAMES[k % len(COLOR_NAMES)]}" for k, dev in enumerate(usage))
+    return (
+        f"memory plot: {path} (device memory in use during one run: x 0-{ms:.2f} ms, "
+        f"y 0-{mib:.2f} MiB; {legend})"
+    )
+
+
 def _shape_str(shape: Sequence[Any]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
@@ -386,6 +405,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.memory:
         for line in memory_lines(sess):
             print(line)
+    if args.memory_plot:
+        print(memory_plot(sess, feeds, Path(args.memory_plot)))
     if args.output_dir:
         out_dir = Path(args.output_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -555,6 +576,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory",
         action="store_true",
         help="print peak and in-use device memory of the session's allocators",
+    )
+    p.add_argument(
+        "--memory-plot",
+        metavar="FILE.png",
+        help="draw the device memory in use over one more run to a PNG file",
     )
     p.set_defaults(func=cmd_run)
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 import warnings
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from ..errors import InvalidArgument
@@ -235,6 +236,8 @@ class BFCArena(Allocator):
         self._reserved: dict[int, int] = {}  # address -> size
         self._stream_chunks: dict[Any, set[_Chunk]] = {}  # stream -> chunks tagged with it
         self._retired = False
+        # when a list: (time.perf_counter_ns(), bytes in use) after every allocation and free
+        self.trace: list[tuple[int, int]] | None = None
         self._curr_region_bytes = rounded_bytes(
             min(config.max_mem, config.initial_chunk_size_bytes)
         )
@@ -279,6 +282,8 @@ class BFCArena(Allocator):
             self._num_allocs += 1
             self._max_in_use = max(self._max_in_use, self._in_use)
             self._max_alloc = max(self._max_alloc, size)
+            if self.trace is not None:
+                self.trace.append((time.perf_counter_ns(), self._in_use))
             return ptr
         finally:
             self._leave()
@@ -440,6 +445,8 @@ class BFCArena(Allocator):
             self._max_in_use = self._in_use
         if c.size > self._max_alloc:
             self._max_alloc = c.size
+        if self.trace is not None:
+            self.trace.append((time.perf_counter_ns(), self._in_use))
 
     def _split(self, c: _Chunk, size: int) -> None:
         rest = _Chunk(c.ptr + size, c.size - size, c.region)
@@ -515,6 +522,8 @@ class BFCArena(Allocator):
             self.raw.free(ptr)
             self._in_use -= size
             self._total -= size
+            if self.trace is not None:
+                self.trace.append((time.perf_counter_ns(), self._in_use))
             return
         c = self._chunks.get(ptr)
         if c is None or not c.in_use:
@@ -525,6 +534,8 @@ class BFCArena(Allocator):
         if c.stream is not None:
             # reusable on another stream once it waited on a notification recorded after now
             c.sync_id = c.stream.sync_id
+        if self.trace is not None:
+            self.trace.append((time.perf_counter_ns(), self._in_use))
         c = self._coalesce(c)
         self._insert_in_bin(c)
         if self._retired:
@@ -658,8 +669,7 @@ class SharedArenas:
                 if explicit and config != e.config:
                     warnings.warn(
                         f"{self.owner}: the shared {what} for {_key_str(key)} already exists; "
-                        f"this session's arena options are ignored (it keeps {e.config}, the "
-                        f"session asked for {config})",
+                        f"this session's arena options are ignored ({_difference(e.config, config)})",
                         RuntimeWarning,
                         stacklevel=4,
                     )
@@ -692,6 +702,23 @@ class SharedArenas:
         with self._lock:
             e = self._entries.get(key)
             return e.refs if e is not None else 0
+
+
+def _flat(config: Any) -> dict[str, Any]:
+    if not is_dataclass(config) or isinstance(config, type):
+        return {"configuration": config}
+    out: dict[str, Any] = {}
+    for f in fields(config):
+        v = getattr(config, f.name)
+        out.update(_flat(v) if is_dataclass(v) else {f.name: v})
+    return out
+
+
+def _difference(kept: Any, asked: Any) -> str:
+    """What the existing allocator keeps against what was asked for, field by field."""
+    a, b = _flat(kept), _flat(asked)
+    diffs = [f"{k} {a.get(k)} (asked {b.get(k)})" for k in a if a.get(k) != b.get(k)]
+    return "it keeps " + ", ".join(diffs)
 
 
 def _key_str(key: Hashable) -> str:

@@ -194,7 +194,6 @@ class Frame:
         "out_stage",
         "run_options",
         "scratch",
-        "sig",
         "specs",
         "staging",
         "steps",
@@ -215,7 +214,6 @@ class Frame:
         self.in_stage: list[tuple[DeviceTensor, np.ndarray] | None] = []
         self.out_stage: list[tuple[DeviceTensor, np.ndarray] | None] = []
         self.staging: list[Allocation] = []
-        self.sig: SignaturePlan | None = None
         self.run_options: Any = _UNSET  # what the contexts hold (set once per change)
 
 
@@ -294,7 +292,6 @@ class GraphRunner:
     ) -> Frame:
         plan = self.plan
         f = Frame()
-        f.sig = sig
         values: list[Any] = [None] * plan.n_slots
         for s, v in plan.constants.items():
             values[s] = v

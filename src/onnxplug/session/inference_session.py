@@ -564,6 +564,14 @@ class InferenceSession:
         for allocator in targets:
             allocator.shrink()
 
+    def record_memory_usage(self) -> Any:
+        """A context manager: while its block runs, the bytes in use of this session's arenas
+        are recorded after every allocation and free, and when it ends the dict it yields
+        holds ``{device: [(seconds since the start, bytes in use), ...]}``. A device's arena
+        is shared, so other sessions' activity on it shows too. ``onnxplug run --memory-plot``
+        draws it."""
+        return self._memory.record_usage()
+
     def _after_run(self, run_options: RunOptions | None) -> None:
         """Memory work at the end of every run: the run option
         ``memory.enable_memory_arena_shrinkage`` shrinks the devices it lists."""

@@ -11,7 +11,10 @@ with the session's ``ep.<provider>.arena.*`` options over the environment's
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -90,6 +93,31 @@ class SessionAllocators:
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {name: dict(h.allocator.get_stats()) for name, h in self._entries()}
+
+    @contextlib.contextmanager
+    def record_usage(self) -> Iterator[dict[str, list[tuple[float, int]]]]:
+        """While the block runs, the bytes in use of every arena of the session after each
+        allocation and free: ``{device: [(seconds since the start, bytes), ...]}``, from the
+        start to the end of the block, filled in when it ends. Allocators that are not arenas
+        record nothing."""
+        arenas = [(name, h.allocator) for name, h in self._entries()]
+        arenas = [(name, a) for name, a in arenas if hasattr(a, "trace")]
+        saved = [a.trace for _, a in arenas]
+        traces: list[list[tuple[int, int]]] = []
+        t0 = time.perf_counter_ns()
+        for _, a in arenas:
+            t = [(t0, a.get_stats()["InUse"])]
+            traces.append(t)
+            a.trace = t
+        out: dict[str, list[tuple[float, int]]] = {}
+        try:
+            yield out
+        finally:
+            t1 = time.perf_counter_ns()
+            for (name, a), prev, t in zip(arenas, saved, traces):
+                a.trace = prev
+                t.append((t1, a.get_stats()["InUse"]))
+                out[name] = [((ns - t0) / 1e9, n) for ns, n in t]
 
     def shrink_targets(self, spec: str | None = None) -> list[Allocator]:
         """The allocators of the devices ``spec`` lists ("gpu:0;cpu:0", see
