@@ -21,7 +21,7 @@ from typing import Any
 
 from ..ep.api import Ep, EpFactory
 from ..errors import InvalidArgument
-from ..framework.arena import EXTEND_STRATEGIES
+from ..framework.arena import EXTEND_STRATEGIES, BFCArena
 from ..framework.memory import Allocator, Device, MemoryInfo
 from .environment import Environment, get_environment
 
@@ -100,8 +100,7 @@ class SessionAllocators:
         allocation and free: ``{device: [(seconds since the start, bytes), ...]}``, from the
         start to the end of the block, filled in when it ends. Allocators that are not arenas
         record nothing."""
-        arenas = [(name, h.allocator) for name, h in self._entries()]
-        arenas = [(name, a) for name, a in arenas if hasattr(a, "trace")]
+        arenas = [(n, h.allocator) for n, h in self._entries() if isinstance(h.allocator, BFCArena)]
         saved = [a.trace for _, a in arenas]
         traces: list[list[tuple[int, int]]] = []
         t0 = time.perf_counter_ns()
