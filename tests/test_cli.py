@@ -373,19 +373,16 @@ def test_conformance_check_against_the_expected_failures(capsys):
     assert "passed=2" in out
 
 
+def run_on(capsys: pytest.CaptureFixture[str], model, provider: str, *argv: str):
+    """``onnxplug run MODEL --provider PROVIDER ARGV...``."""
+    return run_cli(capsys, "run", str(model), "--provider", provider, *argv)
+
+
 def test_run_memory_prints_peak_and_in_use_device_memory(capsys, virt_arena, relu_neg_model):
     name = virt_arena.name
-    rc, out, err = run_cli(
-        capsys,
-        "run",
-        str(relu_neg_model),
-        "--provider",
-        name,
-        "--provider-option",
-        f"{name}:arena.max_mem={64 << 20}",
-        "--runs",
-        "3",
-        "--memory",
+    limit = f"{name}:arena.max_mem={64 << 20}"
+    rc, out, err = run_on(
+        capsys, relu_neg_model, name, "--provider-option", limit, "--runs", "3", "--memory"
     )
     assert rc == 0, err
     line = next(x for x in out.splitlines() if x.strip().startswith("virt:2"))
@@ -398,9 +395,7 @@ def test_run_memory_prints_peak_and_in_use_device_memory(capsys, virt_arena, rel
 
 
 def test_run_memory_on_the_host_only(capsys, add_model):
-    rc, out, err = run_cli(
-        capsys, "run", str(add_model), "--provider", "CPUExecutionProvider", "--memory"
-    )
+    rc, out, err = run_on(capsys, add_model, "CPUExecutionProvider", "--memory")
     assert rc == 0, err
     assert "memory: no device allocators (host tensors are numpy arrays)" in out
 
@@ -430,16 +425,8 @@ def test_run_memory_plot_draws_a_png(capsys, virt_arena, relu_neg_model, tmp_pat
     from onnxplug.tools.plot import COLORS
 
     target = tmp_path / "mem.png"
-    rc, out, err = run_cli(
-        capsys,
-        "run",
-        str(relu_neg_model),
-        "--provider",
-        virt_arena.name,
-        "--runs",
-        "1",
-        "--memory-plot",
-        str(target),
+    rc, out, err = run_on(
+        capsys, relu_neg_model, virt_arena.name, "--runs", "1", "--memory-plot", str(target)
     )
     assert rc == 0, err
     assert re.search(r"memory plot: .*mem.png \(device memory in use during one run: x 0-", out)
