@@ -51,8 +51,20 @@ def _():
     return [(x.ep_metadata, x.ep_options) for x in d]
 
 
-from onnxplug.ep import Device, DeviceTensor, MemoryInfo, allocate_tensor  # noqa: E402
-from onnxplug_cuda.memory import CudaDeviceAllocator, CudaPinnedAllocator  # noqa: E402
+from onnxplug.ep import (  # noqa: E402
+    ArenaConfig,
+    BFCArena,
+    Device,
+    DeviceTensor,
+    MemoryInfo,
+    allocate_tensor,
+)
+from onnxplug_cuda.memory import (  # noqa: E402
+    CudaDeviceAllocator,
+    CudaDeviceArena,
+    CudaMempoolAllocator,
+    CudaPinnedAllocator,
+)
 from onnxplug_cuda.stream import CudaSyncStream  # noqa: E402
 from onnxplug_cuda.transfer import CudaDataTransfer  # noqa: E402
 
@@ -62,15 +74,28 @@ alloc = None
 stream = None
 
 
-@check("device allocator")
+@check("device arena over cudaMalloc")
 def _():
     global alloc
-    alloc = CudaDeviceAllocator(MI, 0)
+    alloc = CudaDeviceArena(CudaDeviceAllocator(MI, 0), ArenaConfig())
     p = alloc.alloc(1 << 20)
     assert p
     alloc.free(p)
     st = alloc.get_stats()
     alloc.shrink()
+    assert alloc.get_stats()["TotalAllocated"] == 0
+    return st
+
+
+@check("memory pool (arena.use_cuda_mempool=1)")
+def _():
+    pool = CudaMempoolAllocator(MI, 0, release_threshold=1 << 20)
+    p = pool.alloc(1 << 20)
+    assert p
+    pool.free(p)
+    st = pool.get_stats()
+    pool.shrink()
+    pool.close()
     return st
 
 
@@ -107,11 +132,13 @@ def _():
     return alloc.get_stats()
 
 
-@check("pinned allocator")
+@check("pinned arena")
 def _():
-    pa = CudaPinnedAllocator(MemoryInfo("CudaPinned", Device("cpu", 0, 0x10DE, True)))
+    raw = CudaPinnedAllocator(MemoryInfo("CudaPinned", Device("cpu", 0, 0x10DE, True)))
+    pa = BFCArena(raw, ArenaConfig(), stream_aware=False)
     p = pa.alloc(4096)
     pa.free(p)
+    pa.shrink()
     return pa.get_stats()
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,28 @@ import onnxplug  # noqa: E402
 from tests.plugins import virtual_device as vd  # noqa: E402
 
 VIRT = "tests.plugins.virtual_device"
+
+
+def run_in_threads(work: Callable[[int], None], n: int) -> None:
+    """Run ``work(0)`` .. ``work(n - 1)`` on ``n`` threads started together and re-raise the
+    first error one of them hit, so that a failed assert in a thread fails the test."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def target(i: int) -> None:
+        try:
+            start.wait()
+            work(i)
+        except BaseException as e:  # re-raised by the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 @contextlib.contextmanager
@@ -50,4 +73,12 @@ def virt1() -> Iterator[vd.VirtualDeviceFactory]:
 def virt_b() -> Iterator[vd.VirtualDeviceFactory]:
     """A second provider on ``virt:0`` (VirtualDeviceBExecutionProvider)."""
     with registered(vd.SHARED_DEVICE_NAME, f"{VIRT}:create_shared_device_factory") as f:
+        yield f
+
+
+@pytest.fixture
+def virt_arena() -> Iterator[vd.VirtualDeviceFactory]:
+    """The virtual device ``virt:2`` whose sessions share one BFC arena
+    (VirtualDeviceArenaExecutionProvider)."""
+    with registered(vd.ARENA_NAME, f"{VIRT}:create_arena_factory") as f:
         yield f

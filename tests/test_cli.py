@@ -371,3 +371,75 @@ def test_conformance_check_against_the_expected_failures(capsys):
     rc, out, err = run_cli(capsys, "conformance", "--pattern", r"^test_(relu|abs)$", "--check")
     assert rc == 0, err
     assert "passed=2" in out
+
+
+def run_on(capsys: pytest.CaptureFixture[str], model, provider: str, *argv: str):
+    """``onnxplug run MODEL --provider PROVIDER ARGV...``."""
+    return run_cli(capsys, "run", str(model), "--provider", provider, *argv)
+
+
+def test_run_memory_prints_peak_and_in_use_device_memory(capsys, virt_arena, relu_neg_model):
+    name = virt_arena.name
+    limit = f"{name}:arena.max_mem={64 << 20}"
+    rc, out, err = run_on(
+        capsys, relu_neg_model, name, "--provider-option", limit, "--runs", "3", "--memory"
+    )
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.strip().startswith("virt:2"))
+    # the feed's copy and Relu's output (24 bytes each, 256 in the arena): first as two
+    # allocations of the recording run, then in the memory plan's block, which the pooled frame
+    # keeps between runs; the steady-state runs allocate nothing
+    assert "peak 512 B in use, 512 B in use now, 1.0 MiB held" in line, line
+    assert "limit 64.0 MiB" in line and "1 arena regions" in line
+    assert "3 allocations" in line
+
+
+def test_run_memory_on_the_host_only(capsys, add_model):
+    rc, out, err = run_on(capsys, add_model, "CPUExecutionProvider", "--memory")
+    assert rc == 0, err
+    assert "memory: no device allocators (host tensors are numpy arrays)" in out
+
+
+def _png_pixels(data: bytes) -> np.ndarray:
+    """The RGB pixels of a PNG written by onnxplug.tools.plot (8-bit RGB, no filtering)."""
+    import struct
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, size = 8, b"", (0, 0)
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    w, h = size
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(h, 1 + 3 * w)
+    assert (rows[:, 0] == 0).all()
+    return rows[:, 1:].reshape(h, w, 3)
+
+
+def test_run_memory_plot_draws_a_png(capsys, virt_arena, relu_neg_model, tmp_path):
+    from onnxplug.tools.plot import COLORS
+
+    target = tmp_path / "mem.png"
+    rc, out, err = run_on(
+        capsys, relu_neg_model, virt_arena.name, "--runs", "1", "--memory-plot", str(target)
+    )
+    assert rc == 0, err
+    assert re.search(r"memory plot: .*mem.png \(device memory in use during one run: x 0-", out)
+    assert "virt:2 blue" in out
+    img = _png_pixels(target.read_bytes())
+    assert img.shape == (400, 800, 3)
+    assert (img == COLORS[0]).all(axis=2).sum() > 100  # the series was drawn
+
+
+def test_run_memory_plot_without_an_arena(capsys, add_model, tmp_path):
+    rc, out, err = run_cli(
+        capsys, "run", str(add_model), "--runs", "0", "--memory-plot", str(tmp_path / "m.png")
+    )
+    assert rc == 0, err
+    assert "memory plot: not written, the session has no device arena" in out
+    assert not (tmp_path / "m.png").exists()

@@ -183,15 +183,19 @@ def test_failed_capture_is_abandoned_with_a_warning_and_the_run_is_correct(virt)
 def test_a_stream_the_provider_shares_is_never_closed(virt):
     # streams=unified: the provider's one stream serves every frame, recording ones included
     model = graphs.chain("Relu", 2)
+    sessions = []  # alive to the end: a collected session's provider closes its stream
     for enable in ("0", "1"):
         sess = ox.InferenceSession(
             model, providers=[(vd.NAME, {"streams": "unified", "enable_graph": enable}), CPU]
         )
+        sessions.append(sess)
         for n in (1, 2, 1, 3, 2):
             x = rand(n, 3, seed=n)
             assert_equal(sess.run(None, {"x": x}), cpu_outputs(model, {"x": x}))
         assert stat(virt, "streams_closed") == 0
         assert stat(virt, "streams") == (1 if enable == "0" else 2)
+    del sess, sessions
+    assert stat(virt, "streams_closed") == 2  # the sessions are gone: their providers close them
 
 
 def test_iobinding_with_graphs_as_onnxruntime_documents(virt):

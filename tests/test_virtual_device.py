@@ -7,12 +7,11 @@ fresh memory, so a missing copy, wait or flush, or memory reused too early, give
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 import onnxplug as ox
+from tests.conftest import run_in_threads
 from tests.plugins import graphs
 from tests.plugins import virtual_device as vd
 from tests.plugins.graphs import make_model, node, tensor
@@ -242,24 +241,13 @@ def test_concurrent_runs_use_separate_frames(virt):
     sess = ox.InferenceSession(model, providers=[vd.NAME, CPU])
     xs = [rand(n, 4, seed=i) for i, n in enumerate((2, 9, 2, 9, 5, 2))]
     want = [cpu_outputs(model, {"x": x}) for x in xs]
-    errors: list[BaseException] = []
-    start = threading.Barrier(6)
 
     def worker(k: int) -> None:
-        try:
-            start.wait()
-            for i in range(15):
-                j = (k + i) % len(xs)
-                assert_same(sess.run(None, {"x": xs[j]}), want[j])
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for i in range(15):
+            j = (k + i) % len(xs)
+            assert_same(sess.run(None, {"x": xs[j]}), want[j])
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 6)
 
 
 def test_feed_consumed_on_two_devices_and_the_host(virt, virt1):

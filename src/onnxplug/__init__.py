@@ -14,8 +14,17 @@ from typing import Any
 from . import capi, errors
 from .ep.api import API_VERSION, EpDevice
 from .ep.loader import REGISTRY as _REGISTRY
+from .session.environment import get_environment as _get_environment
 from .session.inference_session import InferenceSession, ModelMetadata, NodeArg
 from .session.io_binding import IOBinding, SessionIOBinding
+from .session.memory import (
+    OrtAllocatorType,
+    OrtArenaCfg,
+    OrtMemoryInfo,
+    OrtMemType,
+    create_and_register_allocator,
+    create_and_register_allocator_v2,
+)
 from .session.options import (
     ExecutionMode,
     ExecutionOrder,
@@ -57,6 +66,26 @@ def unregister_execution_provider_library(registration_name: str) -> None:
 def get_provider_load_errors() -> dict[str, str]:
     """Why each provider that failed to load did so."""
     return {lib.name: lib.error for lib in _REGISTRY.libraries() if lib.error}
+
+
+def add_environment_config_entry(key: str, value: str) -> None:
+    """Set an environment config entry (onnxruntime's ``OrtEnvCreationOptions``
+    ``config_entries``), e.g. ``ep_factory.CUDAExecutionProvider.arena.max_mem``: the
+    ``ep_factory.<provider>.arena.*`` entries configure the shared arenas that provider
+    creates from now on (an arena that already exists keeps its configuration)."""
+    if not isinstance(key, str) or not key:
+        from .errors import InvalidArgument
+
+        raise InvalidArgument("an environment config key must be a non-empty string")
+    env = _get_environment()
+    with env._lock:
+        env.config[key] = str(value)
+
+
+def get_environment_config_entries() -> dict[str, str]:
+    env = _get_environment()
+    with env._lock:
+        return dict(env.config)
 
 
 def get_device() -> str:
@@ -105,13 +134,20 @@ __all__ = [
     "InferenceSession",
     "ModelMetadata",
     "NodeArg",
+    "OrtAllocatorType",
+    "OrtArenaCfg",
     "OrtEpDevice",
+    "OrtMemType",
+    "OrtMemoryInfo",
     "OrtValue",
     "RunOptions",
     "SessionIOBinding",
     "SessionOptions",
     "Value",
+    "add_environment_config_entry",
     "capi",
+    "create_and_register_allocator",
+    "create_and_register_allocator_v2",
     "disable_telemetry_events",
     "enable_telemetry_events",
     "errors",
@@ -119,6 +155,7 @@ __all__ = [
     "get_available_providers",
     "get_build_info",
     "get_device",
+    "get_environment_config_entries",
     "get_ep_devices",
     "get_provider_load_errors",
     "get_version_string",

@@ -52,6 +52,11 @@ class RuntimeException(OnnxPlugError):
     code = 6
 
 
+class OutOfMemory(RuntimeException, MemoryError):
+    """An allocator could not serve a request (onnxruntime reports it as RUNTIME_EXCEPTION,
+    "Failed to allocate memory for requested buffer of size ..."); also a ``MemoryError``."""
+
+
 class InvalidProtobuf(OnnxPlugError):
     status = "INVALID_PROTOBUF"
     code = 7
@@ -119,5 +124,6 @@ __all__ = [
     "NotFound",
     "NotImplemented",
     "OnnxPlugError",
+    "OutOfMemory",
     "RuntimeException",
 ]

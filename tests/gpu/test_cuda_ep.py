@@ -6,11 +6,10 @@ scripts/gpu-test.sh.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
+from tests.conftest import run_in_threads
 
 import onnxplug as ox
 from onnxplug.errors import InvalidArgument
@@ -157,21 +156,13 @@ def test_dlpack_with_cupy():
 
 def test_concurrent_runs_on_separate_streams():
     s = ox.InferenceSession(MLP, providers=[(CUDA, {"use_tf32": "0"})])
-    errors: list[str] = []
 
     def work(seed: int) -> None:
         for k in range(20):
             f = _feeds(n=8 + seed, seed=seed * 100 + k)
-            got = s.run(None, f)[0]
-            if not np.allclose(got, _ref(f), rtol=1e-4, atol=1e-5):
-                errors.append(f"thread {seed} run {k}")
+            np.testing.assert_allclose(s.run(None, f)[0], _ref(f), rtol=1e-4, atol=1e-5)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work, 4)
 
 
 def test_user_compute_stream_from_torch():

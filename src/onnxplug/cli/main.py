@@ -236,6 +236,58 @@ def latency_line(first: float, times: list[float]) -> str:
     )
 
 
+def _bytes(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
+def memory_lines(sess: Any) -> list[str]:
+    """Peak and current device memory of the session's allocators (``--memory``)."""
+    stats = sess.get_allocator_stats()
+    if not stats:
+        return ["memory: no device allocators (host tensors are numpy arrays)"]
+    lines = ["memory (a device's arena is shared by every session on it):"]
+    width = max(len(d) for d in stats)
+    for dev, st in stats.items():
+        parts = [
+            f"peak {_bytes(st.get('MaxInUse', 0))} in use",
+            f"{_bytes(st.get('InUse', 0))} in use now",
+        ]
+        if "TotalAllocated" in st:
+            parts.append(f"{_bytes(st['TotalAllocated'])} held")
+        limit = st.get("Limit")
+        if limit is not None:
+            parts.append("no limit" if limit >= (1 << 63) - 1 else f"limit {_bytes(limit)}")
+        parts.append(f"{st.get('NumAllocs', 0)} allocations")
+        if "NumArenaExtensions" in st:
+            parts.append(f"{st['NumArenaExtensions']} arena regions")
+        if st.get("NumArenaShrinkages"):
+            parts.append(f"{st['NumArenaShrinkages']} regions given back")
+        lines.append(f"  {dev:<{width}}  " + ", ".join(parts))
+    return lines
+
+
+def memory_plot(sess: Any, feeds: dict[str, Any], path: Path) -> str:
+    """Record the device memory in use over one more run, draw it to ``path`` (PNG)."""
+    from onnxplug.tools.plot import COLOR_NAMES, step_chart_png
+
+    with sess.record_memory_usage() as usage:
+        sess.run(None, feeds)
+    if not usage:
+        return "memory plot: not written, the session has no device arena to record"
+    series = [[(t * 1e3, n / (1 << 20)) for t, n in points] for points in usage.values()]
+    path.write_bytes(step_chart_png(series))
+    ms = max(x for s in series for x, _ in s)
+    mib = max(y for s in series for _, y in s)
+    legend = ", ".join(f"{dev} {COLOR_NAMES[k % len(COLOR_NAMES)]}" for k, dev in enumerate(usage))
+    return (
+        f"memory plot: {path} (device memory in use during one run: x 0-{ms:.2f} ms, "
+        f"y 0-{mib:.2f} MiB; {legend})"
+    )
+
+
 def _shape_str(shape: Sequence[Any]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
@@ -350,6 +402,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     for line in assignment_summary(sess):
         print(line)
     print(latency_line(first, times))
+    if args.memory:
+        for line in memory_lines(sess):
+            print(line)
+    if args.memory_plot:
+        print(memory_plot(sess, feeds, Path(args.memory_plot)))
     if args.output_dir:
         out_dir = Path(args.output_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -515,6 +572,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--output-dir", metavar="DIR", help="save each output as DIR/<name>.npy")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="print peak and in-use device memory of the session's allocators",
+    )
+    p.add_argument(
+        "--memory-plot",
+        metavar="FILE.png",
+        help="draw the device memory in use over one more run to a PNG file",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("conformance", help="run the ONNX backend node test suite")

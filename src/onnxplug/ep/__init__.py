@@ -1,8 +1,9 @@
 """``onnxplug.ep``: everything a provider plugin may use.
 
 A plugin imports only from here: the factory/EP/device object model, the kernel API, the
-allocator, stream and data-transfer protocols, ONNX type helpers, shared shape logic, the
-host-provided control-flow kernels (If/Loop/Scan) and the errors.
+allocator, stream and data-transfer protocols, the BFC arena and the shared-arena cache, ONNX
+type helpers, shared shape logic, the host-provided control-flow kernels (If/Loop/Scan) and
+the errors.
 """
 
 from .. import errors
@@ -13,8 +14,17 @@ from ..errors import (
     InvalidArgument,
     InvalidGraph,
     NotImplemented,
+    OutOfMemory,
 )
 from ..framework import counters, shapes
+from ..framework.arena import (
+    ARENA_OPTIONS,
+    EXTEND_STRATEGIES,
+    ArenaConfig,
+    BFCArena,
+    SharedArenas,
+    parse_byte_count,
+)
 from ..framework.control_flow import IfKernel, LoopKernel, ScanKernel
 from ..framework.kernel import (
     Kernel,
@@ -36,13 +46,21 @@ from ..framework.memory import (
     HostAllocator,
     MemoryInfo,
     MemType,
+    alloc_ptr,
     allocate,
     allocate_tensor,
     copy_host_bytes,
     host_view,
 )
 from ..framework.scratch import FrameScratch, current_scratch
-from ..framework.stream import DataTransfer, SyncNotification, SyncStream, device_of
+from ..framework.stream import (
+    DataTransfer,
+    ImmediateNotification,
+    ImmediateStream,
+    SyncNotification,
+    SyncStream,
+    device_of,
+)
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype, tensor_type_str
 from .api import (
     API_VERSION,
@@ -59,12 +77,16 @@ from .api import (
 
 __all__ = [
     "API_VERSION",
+    "ARENA_OPTIONS",
     "CAPABILITIES",
+    "EXTEND_STRATEGIES",
     "CPU",
     "CPU_HARDWARE",
     "CPU_MEMORY",
     "Allocation",
     "Allocator",
+    "ArenaConfig",
+    "BFCArena",
     "CountingAllocator",
     "DataTransfer",
     "Device",
@@ -80,6 +102,8 @@ __all__ = [
     "HardwareDevice",
     "HostAllocator",
     "IfKernel",
+    "ImmediateNotification",
+    "ImmediateStream",
     "InvalidArgument",
     "InvalidGraph",
     "Kernel",
@@ -91,11 +115,14 @@ __all__ = [
     "MemType",
     "MemoryInfo",
     "NotImplemented",
+    "OutOfMemory",
     "ScanKernel",
     "SessionConfig",
+    "SharedArenas",
     "SyncNotification",
     "SyncStream",
     "ValueType",
+    "alloc_ptr",
     "allocate",
     "allocate_tensor",
     "copy_host_bytes",
@@ -108,6 +135,7 @@ __all__ = [
     "errors",
     "host_view",
     "np_dtype",
+    "parse_byte_count",
     "shapes",
     "supports",
     "tensor_type_str",

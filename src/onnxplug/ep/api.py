@@ -78,10 +78,18 @@ class EpDevice:
 
 
 class SessionConfig:
-    """The session's configuration entries as a provider sees them (read-only)."""
+    """The session's configuration entries as a provider sees them (read-only).
 
-    def __init__(self, entries: Mapping[str, str]):
+    Provider options given as Python objects (callables, e.g. an external allocator's
+    callbacks) are in ``objects`` by config key; their entry is a description."""
+
+    def __init__(self, entries: Mapping[str, str], objects: Mapping[str, Any] | None = None):
         self._entries = dict(entries)
+        self._objects = dict(objects or {})
+
+    @property
+    def objects(self) -> dict[str, Any]:
+        return dict(self._objects)
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return self._entries.get(key, default)
@@ -165,6 +173,15 @@ class Ep(ABC):
     def get_allocator(self, mem_info: MemoryInfo) -> Allocator | None:
         """A per-session allocator overriding the factory's shared one (None: use shared)."""
         return None
+
+    def allocator_options(self, mem_info: MemoryInfo) -> dict[str, str]:
+        """Options the session passes to ``EpFactory.create_allocator`` for ``mem_info``: by
+        default the session config's ``ep.<lowercased provider name>.arena.*`` entries as bare
+        ``arena.*`` keys (what onnxruntime's PluginExecutionProvider passes)."""
+        prefix = f"ep.{self.name.lower()}."
+        return {
+            k[len(prefix) :]: v for k, v in self.config.items() if k.startswith(prefix + "arena.")
+        }
 
     def create_sync_stream(self) -> SyncStream | None:
         """The stream kernels of this provider run on for one run (None: no stream)."""
@@ -255,11 +272,15 @@ class EpFactory(ABC):
     def create_allocator(
         self, memory_info: MemoryInfo, options: Mapping[str, str] | None
     ) -> Allocator | None:
-        """A shared allocator for ``memory_info`` (None: the host allocates host memory)."""
+        """A reference to the shared allocator for ``memory_info`` (None: the host allocates
+        host memory). ``options`` are ``arena.*`` keys (a session's, over the environment's
+        ``ep_factory.<name>.arena.*``); they configure the allocator if this call creates it.
+        Each call takes a reference that ``release_allocator`` gives back."""
         return None
 
     def release_allocator(self, allocator: Allocator) -> None:
-        """Drop a reference to an allocator made by ``create_allocator``."""
+        """Drop a reference to an allocator made by ``create_allocator`` (the last one lets
+        the factory close it)."""
 
     def create_data_transfer(self) -> DataTransfer | None:
         return None

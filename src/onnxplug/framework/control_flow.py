@@ -24,12 +24,15 @@ def place(
     transfer: DataTransferManager,
     allocators: dict[Device, Any],
     stream: Any = None,
+    reserve: bool = False,
 ) -> Any:
-    """``value`` on ``device`` (copied when it lives elsewhere); lists are placed item-wise."""
+    """``value`` on ``device`` (copied when it lives elsewhere); lists are placed item-wise.
+    ``reserve``: the copy is long-lived (an initializer) and is allocated outside an arena's
+    bins."""
     if device is None or value is None:
         return value
     if isinstance(value, list):
-        return [place(v, device, transfer, allocators, stream) for v in value]
+        return [place(v, device, transfer, allocators, stream, reserve) for v in value]
     if not isinstance(value, (np.ndarray, DeviceTensor)):
         if device.is_cpu:
             return np.asarray(value)
@@ -45,7 +48,7 @@ def place(
         return out
     if isinstance(value, np.ndarray) and value.dtype == object:
         raise TypeError(f"string tensors cannot be placed on {device}")
-    out_t = allocate_tensor(allocators[device], value.shape, value.dtype, stream)
+    out_t = allocate_tensor(allocators[device], value.shape, value.dtype, stream, reserve)
     if isinstance(value, np.ndarray) and not value.flags.c_contiguous:
         # (not unconditionally: ascontiguousarray turns a 0-d array into shape (1,))
         value = np.ascontiguousarray(value)

@@ -196,7 +196,6 @@ class Frame:
         "out_stage",
         "run_options",
         "scratch",
-        "sig",
         "specs",
         "staging",
         "steps",
@@ -219,7 +218,6 @@ class Frame:
         self.feed_calls: list[Any] = []
         self.out_calls: list[Any] = []
         self.staging: list[Allocation] = []
-        self.sig: SignaturePlan | None = None
         self.run_options: Any = _UNSET  # what the contexts hold (set once per change)
 
 
@@ -298,7 +296,6 @@ class GraphRunner:
     ) -> Frame:
         plan = self.plan
         f = Frame()
-        f.sig = sig
         values: list[Any] = [None] * plan.n_slots
         for s, v in plan.constants.items():
             values[s] = v
@@ -478,6 +475,17 @@ class GraphRunner:
         for a in f.staging:
             a.release()
         f.staging = []
+
+    def release_frames(self) -> None:
+        """Close the pooled frames and let go of their memory-plan blocks and scratch (before
+        an arena shrinks); the signature plans stay, and the next run of a signature makes a frame."""
+        with self._lock:
+            sigs = list(self._signatures.values())
+        for sig in sigs:
+            with sig.lock:
+                frames, sig.frames = sig.frames, []
+            for f in frames:
+                self._close_frame(f)
 
     # signature plans --------------------------------------------------------------------------
     def _signature(self, feeds: list[Any]) -> tuple:
@@ -678,7 +686,12 @@ class GraphRunner:
             error = _run_error(where[0], e)
             if error is e:
                 raise
-            raise error from e
+            try:
+                raise error from e
+            finally:
+                # no reference cycle (error -> traceback -> this frame -> error) may keep the
+                # run's device memory alive until the garbage collector runs
+                del error
         finally:
             exit_scratch(prev)
             if failed:

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OutOfMemory
+
 
 class MemType(IntEnum):
     """Where a kernel wants an input or produces an output (onnxruntime's OrtMemType)."""
@@ -91,6 +93,14 @@ class Allocator(ABC):
     def shrink(self) -> None:
         """Return unused memory to the system, if the allocator holds any."""
 
+    def failure_reason(self) -> str:
+        """Why the last allocation of this thread that returned 0 failed ("" if unknown)."""
+        return ""
+
+    def close(self) -> None:
+        """No one will allocate from this allocator again: give back what it holds. Blocks
+        still live stay valid until they are freed."""
+
 
 class Allocation:
     """Owns one block from an allocator and frees it when released or garbage collected."""
@@ -116,11 +126,9 @@ class Allocation:
             pass
 
 
-def allocate(
-    allocator: Allocator, nbytes: int, stream: Any = None, reserve: bool = False
-) -> Allocation:
-    if nbytes <= 0:
-        return Allocation(None, 0, 0)
+def alloc_ptr(allocator: Allocator, nbytes: int, stream: Any = None, reserve: bool = False) -> int:
+    """A block of ``nbytes`` > 0 from ``allocator`` (on ``stream`` when it is stream aware,
+    outside its growth pattern with ``reserve``), or ``OutOfMemory`` saying why not."""
     if reserve:
         ptr = allocator.reserve(nbytes)
     elif stream is not None and allocator.is_stream_aware:
@@ -128,9 +136,21 @@ def allocate(
     else:
         ptr = allocator.alloc(nbytes)
     if not ptr:
-        name = allocator.memory_info.name
-        raise MemoryError(f"allocator '{name}' could not allocate {nbytes} bytes")
-    return Allocation(allocator, ptr, nbytes)
+        mi = allocator.memory_info
+        why = allocator.failure_reason()
+        raise OutOfMemory(
+            f"Failed to allocate memory for requested buffer of size {nbytes} from allocator "
+            f"'{mi.name}' on {mi.device}" + (f": {why}" if why else "")
+        )
+    return ptr
+
+
+def allocate(
+    allocator: Allocator, nbytes: int, stream: Any = None, reserve: bool = False
+) -> Allocation:
+    if nbytes <= 0:
+        return Allocation(None, 0, 0)
+    return Allocation(allocator, alloc_ptr(allocator, nbytes, stream, reserve), nbytes)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -205,10 +225,16 @@ class DeviceTensor:
 
 
 def allocate_tensor(
-    allocator: Allocator, shape: tuple[int, ...], dtype: Any, stream: Any = None
+    allocator: Allocator,
+    shape: tuple[int, ...],
+    dtype: Any,
+    stream: Any = None,
+    reserve: bool = False,
 ) -> DeviceTensor:
+    """A tensor in a new block of ``allocator``; ``reserve`` for initializers (outside an
+    arena's bins, so that they do not shape its growth)."""
     dt = np.dtype(dtype)
-    alloc = allocate(allocator, _numel(tuple(shape)) * dt.itemsize, stream)
+    alloc = allocate(allocator, _numel(tuple(shape)) * dt.itemsize, stream, reserve)
     return DeviceTensor(allocator.memory_info.device, dt, tuple(shape), alloc.ptr, alloc)
 
 

@@ -143,6 +143,9 @@ class FrameScratch(Allocator):
             self.free(p)
 
     # bookkeeping ------------------------------------------------------------------------------
+    def failure_reason(self) -> str:
+        return self.allocator.failure_reason()
+
     def owns(self, ptr: int) -> bool:
         return ptr in self._owned
 

@@ -3,7 +3,9 @@
 A ``SyncStream`` is an ordered queue of device work (onnxruntime's OrtSyncStreamImpl). When a
 value produced on one stream is consumed on another, the executor activates a notification on
 the producer and makes the consumer wait on it. Every stream counts notifications (``sync_id``)
-so a stream-aware arena can tell when a block freed on one stream is safe on another.
+so a stream-aware arena can tell when a block freed on one stream is safe on another; the
+arena also listens for the end of a stream's run and for its closing (``add_release_listener``)
+to make the blocks it tagged with the stream free for every stream again.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class SyncStream(ABC):
         self._sync_id = 0
         self._last_wait: dict[int, int] = {}  # id(producer stream) -> its sync_id waited on
         self._lock = threading.Lock()
+        self.release_listeners: list[Callable[[SyncStream], None]] = []
 
     @property
     def handle(self) -> int:
@@ -79,12 +82,65 @@ class SyncStream(ABC):
     def flush(self) -> None:
         """Block until all work queued on the stream has finished."""
 
+    def add_release_listener(self, fn: Callable[[SyncStream], None]) -> None:
+        """Call ``fn(stream)`` whenever the stream has no queued work left that a run gave it:
+        after ``on_session_run_end`` flushed it, and when it closes."""
+        self.release_listeners.append(fn)
+
+    def notify_released(self) -> None:
+        """Tell the listeners that the stream's queued work is done (subclasses that override
+        ``on_session_run_end`` or ``close`` call this once the stream is drained)."""
+        for fn in list(self.release_listeners):
+            fn(self)
+
     def on_session_run_end(self) -> None:
-        """Called once per run for each stream the run used."""
+        """Called once per run for each stream the run used: drain it, then release what
+        allocators tagged with it."""
         self.flush()
+        self.notify_released()
 
     def close(self) -> None:
-        """Release the stream's resources."""
+        """Release the stream's resources. Subclasses drain the stream first, then call this,
+        which tells the release listeners (once)."""
+        listeners, self.release_listeners = self.release_listeners, []
+        for fn in listeners:
+            fn(self)
+
+
+class ImmediateNotification(SyncNotification):
+    """A notification of a stream whose work is done as soon as it is queued: there is
+    nothing to wait for, only sync ids to count."""
+
+    def __init__(self, producer: SyncStream):
+        self.producer = producer
+        self.sync_id = 0
+
+    def activate(self) -> None:
+        self.sync_id = self.producer.next_sync_id()
+
+    def wait_on_device(self, consumer: SyncStream) -> None:
+        consumer.record_wait(self.producer, self.sync_id)
+
+    def wait_on_host(self) -> None:
+        pass
+
+
+class ImmediateStream(SyncStream):
+    """A stream whose work runs when it is queued (host-simulated devices, tests)."""
+
+    def __init__(self, device: Device):
+        super().__init__(device)
+        self.closed = False
+
+    def create_notification(self) -> ImmediateNotification:
+        return ImmediateNotification(self)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+        super().close()
 
 
 class DataTransfer(ABC):

@@ -248,13 +248,37 @@ def build_runner(
     counter = itertools.count()
 
     def value_on(name: str, dev: Device) -> str:
-        """Name of ``name``'s value on ``dev``, adding a copy if needed."""
+        """Name of ``name``'s value on ``dev``, adding copies if needed (device to device goes
+        through the host)."""
+        src = location.get(name)
+        if (
+            name not in graph.initializers
+            and src is not None
+            and not src.is_cpu
+            and not dev.is_cpu
+            and src != dev
+            and (name, dev) not in copies
+        ):
+            via = copy_to(name, CPU)
+            return copy_to(via, dev) if via != name else via
+        return copy_to(name, dev)
+
+    # (not recursive: a closure calling itself is a reference cycle, which would keep the
+    # initializers' device copies alive until the garbage collector runs)
+    def copy_to(name: str, dev: Device) -> str:
+        """Name of ``name``'s value on ``dev``, adding one copy (host <-> device) if needed."""
         if name in graph.initializers:
             key = (name, dev)
             if key not in copies:
                 cname = name if dev.is_cpu else f"{name}@{dev}"
                 copies[key] = cname
-                value = place(graph.initializers[name], dev, ctx.transfer, _allocators(ctx, dev))
+                value = place(
+                    graph.initializers[name],
+                    dev,
+                    ctx.transfer,
+                    _allocators(ctx, dev),
+                    reserve=True,
+                )
                 if isinstance(value, DeviceTensor):
                     value.stable_view = {}  # the same tensor every run: views are kept
                 constants[slot(cname)] = value
@@ -265,9 +289,6 @@ def build_runner(
         key = (name, dev)
         if key in copies:
             return copies[key]
-        if not src.is_cpu and not dev.is_cpu:
-            via = value_on(name, CPU)
-            return value_on(via, dev) if via != name else via
         cname = f"{name}@{dev}"
         op = MEMCPY_FROM_HOST if src.is_cpu else MEMCPY_TO_HOST
         owner = _ep_for_device(ctx, dev if src.is_cpu else src)

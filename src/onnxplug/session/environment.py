@@ -1,11 +1,16 @@
-"""The process-wide environment: plugins, shared allocators and the data-transfer manager
-(onnxruntime's OrtEnv). Sessions and Values share it."""
+"""The process-wide environment: plugins, shared allocators, environment config entries and
+the data-transfer manager (onnxruntime's OrtEnv). Sessions and Values share it.
+
+Environment config entries are onnxruntime's ``OrtEnvCreationOptions::config_entries``:
+``ep_factory.<factory name>.arena.*`` configures the shared arenas a provider factory creates
+(``onnxplug.add_environment_config_entry``)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
-from ..ep.api import Ep, EpDevice, EpFactory, supports
+from ..ep.api import EpDevice, EpFactory, supports
 from ..ep.loader import REGISTRY, PluginRegistry
 from ..errors import InvalidArgument
 from ..framework.memory import Allocator, Device, MemoryInfo
@@ -21,7 +26,19 @@ class Environment:
         self._allocators: dict[tuple[int, MemoryInfo], Allocator] = {}
         self._transfers: dict[int, DataTransfer | None] = {}
         self._lock = threading.RLock()
+        self.config: dict[str, str] = {}
         registry.add_unload_listener(self._forget)
+
+    def factory_arena_options(self, factory: EpFactory) -> dict[str, str]:
+        """The ``ep_factory.<factory name>.arena.*`` entries, as bare ``arena.*`` keys (the
+        factory's name as-is, case-sensitive, like onnxruntime)."""
+        prefix = f"ep_factory.{factory.name}."
+        with self._lock:
+            return {
+                k[len(prefix) :]: v
+                for k, v in self.config.items()
+                if k.startswith(prefix + "arena.")
+            }
 
     def ensure_transfer(self, factory: EpFactory) -> None:
         with self._lock:
@@ -43,26 +60,49 @@ class Environment:
             for key in [k for k in self._allocators if k[0] == id(factory)]:
                 factory.release_allocator(self._allocators.pop(key))
 
+    def create_allocator(
+        self, factory: EpFactory, memory_info: MemoryInfo, options: Mapping[str, str] | None
+    ) -> Allocator:
+        """A reference to ``factory``'s shared allocator of ``memory_info``, configured (if it
+        is created now) by the environment's ``ep_factory.<name>.arena.*`` entries overlaid
+        with ``options``. Release it with ``factory.release_allocator``."""
+        merged = {**self.factory_arena_options(factory), **(options or {})}
+        alloc = factory.create_allocator(memory_info, merged or None)
+        if alloc is None:
+            raise InvalidArgument(
+                f"execution provider '{factory.name}' has no allocator for memory "
+                f"'{memory_info.name}' on {memory_info.device}"
+            )
+        return alloc
+
     def shared_allocator(self, factory: EpFactory, memory_info: MemoryInfo) -> Allocator:
+        """The allocator the environment holds for ``memory_info`` (OrtValues, IOBinding and
+        sessions with ``session.use_env_allocators=1`` use it)."""
         key = (id(factory), memory_info)
         with self._lock:
             alloc = self._allocators.get(key)
             if alloc is None:
-                alloc = factory.create_allocator(memory_info, None)
-                if alloc is None:
-                    raise InvalidArgument(
-                        f"execution provider '{factory.name}' has no allocator for memory "
-                        f"'{memory_info.name}' on {memory_info.device}"
-                    )
-                self._allocators[key] = alloc
+                alloc = self._allocators[key] = self.create_allocator(factory, memory_info, None)
             return alloc
 
-    def allocator_for(self, ep: Ep, device: Device) -> Allocator:
-        mi = self.memory_info_for(ep.ep_device, device)
-        override = ep.get_allocator(mi)
-        if override is not None:
-            return override
-        return self.shared_allocator(ep.factory, mi)
+    def registered_allocator(self, factory: EpFactory, memory_info: MemoryInfo) -> Allocator | None:
+        with self._lock:
+            return self._allocators.get((id(factory), memory_info))
+
+    def register_allocator(
+        self, factory: EpFactory, memory_info: MemoryInfo, options: Mapping[str, str]
+    ) -> Allocator:
+        """onnxruntime's ``CreateSharedAllocator(..., replace_existing=true)``: let go of the
+        environment's allocator for ``memory_info`` and ask the factory for one configured
+        by ``options``. The factory makes a new one only when nothing else still holds the
+        old one; otherwise it warns that the options were ignored."""
+        key = (id(factory), memory_info)
+        with self._lock:
+            old = self._allocators.pop(key, None)
+            if old is not None:
+                factory.release_allocator(old)
+            alloc = self._allocators[key] = self.create_allocator(factory, memory_info, options)
+            return alloc
 
     @staticmethod
     def memory_info_for(ep_device: EpDevice | None, device: Device) -> MemoryInfo:

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype
 from ..optimizer.passes import optimize
 from .build import BuildContext, build_runner, make_constant_folder
 from .environment import get_environment
+from .memory import SHRINK_RUN_KEY, USE_ENV_ALLOCATORS_KEY, SessionAllocators
 from .options import RunOptions, SessionOptions
 from .value import OrtValue, to_numpy, unwrap
 
@@ -117,7 +119,10 @@ class InferenceSession:
                 "a run may override them, so they are not treated as constants",
             )
         self._outputs = list(graph.outputs)
-        self._eps = self._create_eps(providers, provider_options)
+        # what the session holds of the environment, given back when the session goes
+        self._resources = _SessionResources()
+        weakref.finalize(self, self._resources.release).atexit = False
+        self._eps = self._resources.eps = self._create_eps(providers, provider_options)
         cpu = next((ep for ep in self._eps if ep.name == CPU_EP), None)
         folder = make_constant_folder(cpu) if cpu is not None else None
         registries = [ep.get_kernel_registry() for ep in self._eps]
@@ -143,7 +148,7 @@ class InferenceSession:
     ) -> list[Ep]:
         opts = self._sess_options
         registry = self._env.registry
-        requests: list[tuple[str, dict[str, str], list[EpDevice] | None]] = []
+        requests: list[tuple[str, dict[str, Any], list[EpDevice] | None]] = []
         if providers is not None:
             if provider_options is not None and len(provider_options) != len(providers):
                 raise InvalidArgument(
@@ -160,7 +165,7 @@ class InferenceSession:
                     raise InvalidArgument(f"provider entry {p!r} must be a name or (name, options)")
                 if provider_options is not None:
                     po.update(provider_options[k] or {})
-                requests.append((name, {str(a): _opt_str(b) for a, b in po.items()}, None))
+                requests.append((name, {str(a): b for a, b in po.items()}, None))
         else:
             requests.extend(opts.get_provider_entries())
         if not requests:
@@ -201,11 +206,15 @@ class InferenceSession:
                     devices = all_devs[:1]
             prefix = f"ep.{name.lower()}."
             ep_config = dict(config)
+            objects: dict[str, Any] = {}
             for key, value in po.items():
-                ep_config[prefix + key] = value
+                if callable(value):  # e.g. an external allocator's callbacks
+                    objects[prefix + key] = value
+                    value = f"<python callable {getattr(value, '__qualname__', '')}>"
+                ep_config[prefix + key] = _opt_str(value)
             self._env.ensure_transfer(factory)
             try:
-                ep = factory.create_ep(list(devices), SessionConfig(ep_config))
+                ep = factory.create_ep(list(devices), SessionConfig(ep_config, objects))
             except OnnxPlugError:
                 raise
             except (ValueError, TypeError, KeyError) as e:
@@ -266,7 +275,9 @@ class InferenceSession:
                 g.value_types[vi.name] = nt
 
     def _build(self) -> None:
-        ctx = BuildContext(self._eps, self._env.transfer, self._env.allocator_for)
+        use_env = self._sess_options._config.get(USE_ENV_ALLOCATORS_KEY, "0") == "1"
+        self._memory = self._resources.memory = SessionAllocators(self._env, use_env)
+        ctx = BuildContext(self._eps, self._env.transfer, self._memory.allocator_for)
         self._runner, self._feed_devices = build_runner(self._graph, ctx)
         # the runner's feeds: graph inputs that are not (constant) initializers, in order
         self._feed_vis = [
@@ -306,7 +317,9 @@ class InferenceSession:
         for name, value in self._defaults.items():
             i = self._feed_index[name]
             dev = self._feed_devices[i] if i < len(self._feed_devices) else None
-            self._default_feeds[i] = place(value, dev, self._env.transfer, self._allocators)
+            self._default_feeds[i] = place(
+                value, dev, self._env.transfer, self._allocators, reserve=True
+            )
 
     def _graph_cache_size(self) -> int:
         key = "session.graph_capture_cache_size"
@@ -366,10 +379,13 @@ class InferenceSession:
         provider_options: list[dict[str, Any]] | None = None,
     ) -> None:
         self._runner.close()
+        old = self._resources.memory
         for ep in self._eps:
             ep.release()
-        self._eps = self._create_eps(providers, provider_options)
+        self._eps = self._resources.eps = self._create_eps(providers, provider_options)
         self._build()
+        if old is not None:
+            old.release()
 
     def disable_fallback(self) -> None:
         """Kept for API compatibility: onnxplug never silently switches providers."""
@@ -443,6 +459,7 @@ class InferenceSession:
         finally:
             for ep in eps:
                 ep.on_run_end(run_options, True)
+            self._after_run(run_options)
 
     def _fetch(self, idx: list[int], mode: Any) -> list[Any]:
         if idx is self._all_outputs:
@@ -531,6 +548,42 @@ class InferenceSession:
                 f"release_captured_graph: no captured graph has annotation id {graph_annotation_id}"
             )
 
+    # memory -------------------------------------------------------------------------------------
+    def get_allocator_stats(self) -> dict[str, dict[str, int]]:
+        """Statistics of the allocators this session runs with, by device (``"cuda:0"``):
+        onnxruntime's keys (``InUse``, ``MaxInUse``, ``TotalAllocated``, ``Limit``,
+        ``NumAllocs``, ``NumReserves``, ``NumArenaExtensions``, ``NumArenaShrinkages``,
+        ``MaxAllocSize``). A device's arena is shared by the sessions using that device, so
+        the figures include theirs. Host tensors are numpy arrays and have no allocator."""
+        return self._memory.stats()
+
+    def shrink_memory_arenas(self, devices: str | None = None) -> None:
+        """Give the unused regions of this session's arenas back to their devices: all of
+        them, or those ``devices`` lists (``"gpu:0"``, ``"cpu:0;gpu:0"``, ``"cuda:1"``), like
+        the run option ``memory.enable_memory_arena_shrinkage``. The session first lets go
+        of the memory-plan blocks of its idle execution frames (the next run of a shape
+        makes a new frame), so the memory of an earlier large input comes back too."""
+        targets = self._memory.shrink_targets(devices)
+        self._runner.release_frames()
+        for allocator in targets:
+            allocator.shrink()
+
+    def record_memory_usage(self) -> Any:
+        """A context manager: while its block runs, the bytes in use of this session's arenas
+        are recorded after every allocation and free, and when it ends the dict it yields
+        holds ``{device: [(seconds since the start, bytes in use), ...]}``. A device's arena
+        is shared, so other sessions' activity on it shows too. ``onnxplug run --memory-plot``
+        draws it."""
+        return self._memory.record_usage()
+
+    def _after_run(self, run_options: RunOptions | None) -> None:
+        """Memory work at the end of every run: the run option
+        ``memory.enable_memory_arena_shrinkage`` shrinks the devices it lists."""
+        if run_options is not None:
+            spec = run_options.get(SHRINK_RUN_KEY)
+            if spec:
+                self.shrink_memory_arenas(spec)
+
     # profiling ----------------------------------------------------------------------------------
     def end_profiling(self) -> str:
         if not self._sess_options.enable_profiling:
@@ -546,6 +599,25 @@ class InferenceSession:
 
 
 _LOGGER = logging.getLogger("onnxplug")
+
+
+class _SessionResources:
+    """The providers and allocator references of a session, released when it is collected."""
+
+    def __init__(self) -> None:
+        self.eps: list[Ep] = []
+        self.memory: SessionAllocators | None = None
+
+    def release(self) -> None:
+        eps, self.eps = self.eps, []
+        for ep in eps:
+            try:
+                ep.release()
+            except Exception as e:  # a failing provider must not keep the others' resources
+                _LOGGER.warning("releasing %s failed: %s", ep.name, e)
+        if self.memory is not None:
+            self.memory.release()
+            self.memory = None
 
 
 def _writable(value: Any) -> Any:

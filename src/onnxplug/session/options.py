@@ -58,7 +58,7 @@ class SessionOptions:
         self.enable_mem_reuse = True
         self.use_deterministic_compute = False
         self._config: dict[str, str] = {}
-        self._providers: list[tuple[str, dict[str, str], Any]] = []  # (name, options, ep_devices)
+        self._providers: list[tuple[str, dict[str, Any], Any]] = []  # (name, options, ep_devices)
         self._initializers: dict[str, Any] = {}
         self._free_dims_by_name: dict[str, int] = {}
         self._free_dims_by_denotation: dict[str, int] = {}
@@ -118,7 +118,7 @@ class SessionOptions:
         name = devices[0].ep_name
         self._providers.append((name, _str_options(name, provider_options), devices))
 
-    def get_provider_entries(self) -> list[tuple[str, dict[str, str], Any]]:
+    def get_provider_entries(self) -> list[tuple[str, dict[str, Any], Any]]:
         return list(self._providers)
 
     # initializers and dims ----------------------------------------------------------------------
@@ -165,12 +165,14 @@ class RunOptions:
         return self._config.get(key, default)
 
 
-def _str_options(provider: str, options: dict[str, Any] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _str_options(provider: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Option values as strings; callables (e.g. an external allocator's callbacks) stay
+    Python objects."""
+    out: dict[str, Any] = {}
     for k, v in (options or {}).items():
         if not isinstance(k, str):
             raise InvalidArgument(f"{provider}: provider option keys must be strings, got {k!r}")
         if isinstance(v, bool):
             v = "1" if v else "0"
-        out[k] = str(v)
+        out[k] = v if callable(v) else str(v)
     return out

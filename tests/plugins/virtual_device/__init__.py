@@ -11,6 +11,8 @@ Register it with::
         "VirtualDeviceExecutionProvider", "tests.plugins.virtual_device:create_factory")
 
 ``create_second_factory`` offers ``virt:1`` as "VirtualDevice1ExecutionProvider";
+``create_arena_factory`` offers ``virt:2`` as "VirtualDeviceArenaExecutionProvider", whose
+sessions share one BFC arena over the device's memory;
 ``create_shared_device_factory`` offers ``virt:0`` again as "VirtualDeviceBExecutionProvider"
 (two providers on one device, so values cross streams without copies).
 """
@@ -21,6 +23,7 @@ from .stream import Stats, VirtDataTransfer, VirtNotification, VirtStream
 
 SECOND_NAME = "VirtualDevice1ExecutionProvider"
 SHARED_DEVICE_NAME = "VirtualDeviceBExecutionProvider"
+ARENA_NAME = "VirtualDeviceArenaExecutionProvider"
 
 
 def create_factory() -> VirtualDeviceFactory:
@@ -35,7 +38,12 @@ def create_shared_device_factory() -> VirtualDeviceFactory:
     return VirtualDeviceFactory(SHARED_DEVICE_NAME, 0)
 
 
+def create_arena_factory() -> VirtualDeviceFactory:
+    return VirtualDeviceFactory(ARENA_NAME, 2, arena=True)
+
+
 __all__ = [
+    "ARENA_NAME",
     "NAME",
     "SECOND_NAME",
     "SHARED_DEVICE_NAME",
@@ -46,6 +54,7 @@ __all__ = [
     "VirtStream",
     "VirtualDeviceEp",
     "VirtualDeviceFactory",
+    "create_arena_factory",
     "create_factory",
     "create_second_factory",
     "create_shared_device_factory",

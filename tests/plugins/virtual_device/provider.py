@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 from onnxplug.ep import (
     Allocator,
+    ArenaConfig,
+    BFCArena,
     Device,
     Ep,
     EpDevice,
@@ -16,6 +18,7 @@ from onnxplug.ep import (
     KernelRegistry,
     MemoryInfo,
     SessionConfig,
+    SharedArenas,
 )
 
 from .allocator import VirtAllocator
@@ -129,17 +132,22 @@ class VirtualDeviceEp(Ep):
 
 
 class VirtualDeviceFactory(EpFactory):
-    """Offers one virtual device whose memory is host memory behind a counting allocator."""
+    """Offers one virtual device whose memory is host memory behind a counting allocator.
+
+    With ``arena=True`` sessions get the shared, reference-counted BFC arena of the device over
+    that allocator (configured by the ``arena.*`` options), as a GPU provider does; ``allocator``
+    is then the arena's raw allocator, whose counts are its extensions."""
 
     vendor = VENDOR
     vendor_id = VENDOR_ID
     version = "1.0.0"
 
-    def __init__(self, name: str = NAME, device_id: int = 0):
+    def __init__(self, name: str = NAME, device_id: int = 0, arena: bool = False):
         self.name = name
         self.device = Device("virt", device_id, VENDOR_ID, host_accessible=True)
         self.memory_info = MemoryInfo("Virt", self.device)
         self.allocator = VirtAllocator(self.memory_info)
+        self.arenas = SharedArenas(name) if arena else None
         self.stats = Stats()
         self.eps_created = 0
         self.last_config: SessionConfig | None = None  # what the last EP was created with
@@ -168,7 +176,28 @@ class VirtualDeviceFactory(EpFactory):
     def create_allocator(
         self, memory_info: MemoryInfo, options: Mapping[str, str] | None
     ) -> Allocator | None:
-        return self.allocator if memory_info.device == self.device else None
+        if memory_info.device != self.device:
+            return None
+        if self.arenas is None:
+            return self.allocator
+        config = ArenaConfig.from_options(options or {}, self.name)
+        return self.arenas.acquire(
+            (memory_info.name, self.device.id),
+            config,
+            lambda: BFCArena(self.allocator, config),
+            explicit=bool(options),
+        )
+
+    def release_allocator(self, allocator: Allocator) -> None:
+        if self.arenas is not None:
+            self.arenas.release(allocator)
+
+    def arena(self) -> BFCArena | None:
+        """The device's shared arena while someone holds it."""
+        if self.arenas is None:
+            return None
+        a = self.arenas.get((self.memory_info.name, self.device.id))
+        return a if isinstance(a, BFCArena) else None
 
     def create_data_transfer(self) -> VirtDataTransfer:
         return VirtDataTransfer([self.device], self.stats)

@@ -125,6 +125,7 @@ class VirtStream(SyncStream):
             self.flush()
             self.closed = True
             self.stats.add("streams_closed")
+            super().close()
 
     def create_notification(self) -> VirtNotification:
         self.stats.add("notifications")

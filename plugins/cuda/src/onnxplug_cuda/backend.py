@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplug.ep import Allocator, Device, DeviceTensor, counters, current_scratch
+from onnxplug.ep import Allocator, Device, DeviceTensor, alloc_ptr, counters, current_scratch
 
 # numpy dtypes CuPy cannot compute with; kernels move them as same-size integers.
 _STORAGE_AS = {"bfloat16": np.dtype(np.uint16)}
@@ -104,9 +104,9 @@ class CupyBackend:
         owner = self._owner
 
         def malloc(size: int, device_id: int) -> int:
-            stream = getattr(tls, "stream", None)
             src: Any = current_scratch(device) or allocator
-            ptr = src.alloc_on_stream(size, stream) if stream is not None else src.alloc(size)
+            # OutOfMemory instead of a null pointer, which CuPy would take for memory
+            ptr = alloc_ptr(src, size, getattr(tls, "stream", None))
             owner[ptr] = src
             return ptr
 

@@ -21,7 +21,7 @@ from onnxplug.ep import (
     SessionConfig,
 )
 
-from .options import SIZE_MAX, CudaOptions, parse_options
+from .options import CudaOptions, parse_options
 
 NAME = "CUDAExecutionProvider"
 
@@ -82,7 +82,7 @@ class CudaEp(Ep):
         self._lock = threading.RLock()  # create_sync_stream -> factory -> get_allocator
         self._streams: list[Any] = []
         self._external: Allocator | None = None
-        self._run_alloc: Allocator | None = None
+        self._shared: Allocator | None = None
         self._run_tokens = threading.local()
         self._graphs: dict[int, tuple[Any, Any]] = {}  # graph id -> (graph exec, stream)
         for w in options.warnings:
@@ -136,25 +136,41 @@ class CudaEp(Ep):
 
     # memory and streams -------------------------------------------------------------------------
     def get_allocator(self, mem_info: MemoryInfo) -> Allocator | None:
-        """A per-session allocator when the session's options need one: the user's external
-        allocator, or a pool of its own when ``gpu_mem_limit`` caps this session."""
+        """The session's own allocator when it has one: the user's external allocator
+        (``gpu_external_alloc/free``), for device memory, scoped to this session only. Other
+        sessions on the device keep the shared arena."""
         o = self.options
-        if mem_info.device != self.device:
+        if mem_info.device != self.device or not o.uses_external_allocator:
             return None
         with self._lock:
             if self._external is None:
-                if o.uses_external_allocator:
-                    from .memory import ExternalDeviceAllocator
+                from .memory import ExternalDeviceAllocator
 
-                    self._external = ExternalDeviceAllocator(
-                        mem_info,
-                        o.gpu_external_alloc,
-                        o.gpu_external_free,
-                        o.gpu_external_empty_cache,
-                    )
-                elif o.gpu_mem_limit != SIZE_MAX:
-                    self._external = self.factory.limited_allocator(mem_info, o.gpu_mem_limit)
+                self._external = ExternalDeviceAllocator(
+                    mem_info, o.gpu_external_alloc, o.gpu_external_free, o.gpu_external_empty_cache
+                )
             return self._external
+
+    def allocator_options(self, mem_info: MemoryInfo) -> dict[str, str]:
+        """The session's device-arena options (``arena.*``, ``gpu_mem_limit``,
+        ``arena_extend_strategy``); the pinned arena keeps its defaults."""
+        return self.options.arena_options if mem_info.name == "Cuda" else {}
+
+    def run_allocator(self) -> Allocator:
+        """The allocator of this provider's runs (CuPy temporaries, stream bookkeeping): the
+        external allocator, or a reference to the device's shared allocator held until
+        ``release``."""
+        alloc = self._external or self._shared
+        if alloc is not None:
+            return alloc
+        mi = self.ep_device.memory_info
+        alloc = self.get_allocator(mi)
+        if alloc is not None:
+            return alloc
+        with self._lock:
+            if self._shared is None:
+                self._shared = self.factory.create_allocator(mi, None)
+            return self._shared
 
     def create_sync_stream(self) -> Any:
         o = self.options
@@ -179,13 +195,6 @@ class CudaEp(Ep):
         self.factory.synchronize(self.ordinal)
 
     # runs ---------------------------------------------------------------------------------------
-    def run_allocator(self) -> Allocator:
-        """The device allocator of this session's runs (taken from the factory once)."""
-        alloc = self._run_alloc
-        if alloc is None:
-            alloc = self._run_alloc = self.factory.run_allocator(self)
-        return alloc
-
     def on_run_start(self, run_options: Any) -> None:
         self._run_tokens.token = self.backend.enter_run(self.run_allocator())
 
@@ -264,6 +273,10 @@ class CudaEp(Ep):
                 self._unified = None
         for s in streams:
             s.close()
+        with self._lock:
+            shared, self._shared = self._shared, None
+        if shared is not None:
+            self.factory.release_allocator(shared)
 
 
 def create_ep(factory: Any, devices: list[EpDevice], config: SessionConfig) -> CudaEp:
@@ -273,5 +286,5 @@ def create_ep(factory: Any, devices: list[EpDevice], config: SessionConfig) -> C
         raise InvalidArgument(
             f"{factory.name} supports exactly one device per session provider, got {len(devices)}"
         )
-    options = parse_options(dict(config.items()), factory.name)
+    options = parse_options(dict(config.items()), factory.name, config.objects)
     return CudaEp(factory, devices[0], config, options)

@@ -1,4 +1,12 @@
-"""The CUDA provider's factory: devices, shared allocators, data transfer, streams."""
+"""The CUDA provider's factory: devices, shared allocators, data transfer, streams.
+
+Allocators are shared per device ordinal and reference-counted (onnxruntime's per-device
+cache): ``create_allocator(Cuda memory of device N, options)`` returns the device's one arena
+(or memory pool with ``arena.use_cuda_mempool=1``), creating it with ``options`` if no one
+holds it; options arriving once it exists are ignored with a warning. ``CudaPinned`` memory
+gets a pinned-host arena. When the last reference goes the allocator is closed (its free
+regions go back to the device at once, the others as their blocks are freed).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ from typing import Any
 
 from onnxplug.ep import (
     Allocator,
+    BFCArena,
     Device,
     EpDevice,
     EpFactory,
@@ -18,10 +27,11 @@ from onnxplug.ep import (
     MemoryInfo,
     MemType,
     SessionConfig,
+    SharedArenas,
 )
 
 from .ep import NAME, CudaEp, create_ep
-from .options import CudaOptions
+from .options import ArenaSettings, CudaOptions, arena_settings
 from .runtime import CudaDeviceInfo, probe_devices
 
 NVIDIA = 0x10DE
@@ -36,8 +46,7 @@ class CudaEpFactory(EpFactory):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._allocators: dict[tuple[str, int], Allocator] = {}
-        self._refs: dict[int, int] = {}
+        self._shared = SharedArenas(self.name)
         self._backends: dict[int, Any] = {}
         self._reason: str | None = None
         self._warned = False
@@ -106,7 +115,8 @@ class CudaEpFactory(EpFactory):
         return _registry(options.enable_cudnn)
 
     def create_stream(self, ep: CudaEp, user_handle: int | None, shared: bool = False) -> Any:
-        # blocks allocated on the stream are freed on stream 0 once it is destroyed
+        # a memory pool frees a destroyed stream's blocks on stream 0 (an arena needs no help:
+        # it listens for the stream's release)
         on_close = getattr(ep.run_allocator(), "retire_stream", None)
         return self._new_stream(ep, user_handle, on_close, shared)
 
@@ -116,10 +126,6 @@ class CudaEpFactory(EpFactory):
         return CudaSyncStream(
             ep.device, ep.ordinal, user_handle, ep.options.enable_cudnn, on_close, shared
         )
-
-    def run_allocator(self, ep: CudaEp) -> Allocator:
-        mi = ep.ep_device.memory_info
-        return ep.get_allocator(mi) or self.create_allocator(mi, None)
 
     def synchronize(self, ordinal: int) -> None:
         from .runtime import DeviceGuard, check, cudart
@@ -131,38 +137,72 @@ class CudaEpFactory(EpFactory):
     def create_allocator(
         self, memory_info: MemoryInfo, options: Mapping[str, str] | None
     ) -> Allocator | None:
-        key = (memory_info.name, memory_info.device.id)
-        with self._lock:
-            alloc = self._allocators.get(key)
-            if alloc is None:
-                alloc = self._make_allocator(memory_info)
-                if alloc is None:
-                    return None
-                self._allocators[key] = alloc
-            self._refs[id(alloc)] = self._refs.get(id(alloc), 0) + 1
-            return alloc
+        """A reference to the shared allocator of ``memory_info``'s device ("Cuda": the
+        device arena or memory pool, "CudaPinned": the pinned arena). ``options``: ``arena.*``
+        keys (and ``gpu_mem_limit`` / ``arena_extend_strategy``), invalid ones an error naming
+        the key; they take effect if this call creates the allocator."""
+        if memory_info.name not in ("Cuda", "CudaPinned"):
+            return None
+        settings = arena_settings(options or {}, f"{self.name} allocator")
+        what = "device arena" if memory_info.name == "Cuda" else "pinned arena"
+        if memory_info.name == "Cuda" and settings.use_cuda_mempool:
+            what = "memory pool"
+        return self._shared.acquire(
+            (memory_info.name, memory_info.device.id),
+            settings,
+            lambda: self._make_allocator(memory_info, settings),
+            explicit=bool(options),
+            what=f"CUDA {what}",
+        )
 
-    def _make_allocator(self, memory_info: MemoryInfo) -> Allocator | None:
-        from .memory import CudaDeviceAllocator, CudaPinnedAllocator
-
-        if memory_info.name == "Cuda":
-            return CudaDeviceAllocator(memory_info, memory_info.device.id)
+    def _make_allocator(self, memory_info: MemoryInfo, settings: ArenaSettings) -> Allocator:
+        ordinal = memory_info.device.id
         if memory_info.name == "CudaPinned":
-            return CudaPinnedAllocator(memory_info)
-        return None
+            return BFCArena(self._raw_pinned(memory_info), settings.arena, stream_aware=False)
+        if settings.use_cuda_mempool:
+            why = self._mempool_unsupported(ordinal)
+            if why is None:
+                from .memory import CudaMempoolAllocator
 
-    def limited_allocator(self, memory_info: MemoryInfo, limit: int) -> Allocator:
-        """A session's own device pool capped at ``limit`` bytes in use (``gpu_mem_limit``)."""
-        from .memory import CudaDeviceAllocator
+                return CudaMempoolAllocator(
+                    memory_info,
+                    ordinal,
+                    settings.arena.max_mem,
+                    settings.cuda_mempool_release_threshold,
+                    settings.cuda_mempool_bytes_to_keep_on_shrink,
+                )
+            warnings.warn(
+                f"{self.name}: CUDA mempool requested but not supported on this device/driver "
+                f"({why}). Falling back to default BFCArena with CUDA allocator.",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return self._device_arena(memory_info, settings)
 
-        return CudaDeviceAllocator(memory_info, memory_info.device.id, limit)
+    def _device_arena(self, memory_info: MemoryInfo, settings: ArenaSettings) -> BFCArena:
+        from .memory import CudaDeviceAllocator, CudaDeviceArena
+
+        return CudaDeviceArena(
+            CudaDeviceAllocator(memory_info, memory_info.device.id), settings.arena
+        )
+
+    def _raw_pinned(self, memory_info: MemoryInfo) -> Allocator:
+        from .memory import CudaPinnedAllocator
+
+        return CudaPinnedAllocator(memory_info)
+
+    def _mempool_unsupported(self, ordinal: int) -> str | None:
+        from .memory import mempool_unsupported
+
+        return mempool_unsupported(ordinal)
 
     def release_allocator(self, allocator: Allocator) -> None:
-        with self._lock:
-            n = self._refs.get(id(allocator), 0) - 1
-            if n < 0:
-                return  # onnxruntime: "Refcount underflow ... Ignoring release."
-            self._refs[id(allocator)] = n
+        # onnxruntime: "Refcount underflow ... Ignoring release." (not ours: nothing to do)
+        self._shared.release(allocator)
+
+    def shared_allocator(self, memory_info: MemoryInfo) -> Allocator | None:
+        """The shared allocator of ``memory_info`` while someone holds it (no reference)."""
+        return self._shared.get((memory_info.name, memory_info.device.id))
 
     def create_data_transfer(self) -> Any:
         from .transfer import CudaDataTransfer

@@ -6,6 +6,12 @@ and ``add_provider_for_devices`` write), then the legacy ``ep.cuda.<key>``, then
 ``<key>``; aliases (e.g. ``cudnn_conv_algo``) are looked up the same way. A malformed value
 is an error naming the key and the accepted values — stricter than onnxruntime, which logs
 and keeps the default.
+
+Arena options (``arena.*``, see ``ARENA_KEYS``) come from ``ep.<name>.arena.*`` or
+``ep.cuda.arena.*``; ``gpu_mem_limit`` and ``arena_extend_strategy`` are the device arena's
+``arena.max_mem`` and ``arena.extend_strategy`` (an ``arena.*`` key wins over them, as
+onnxruntime's ``default_memory_arena_cfg`` does). They configure the shared device arena when
+a session creates it (see factory.py).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from onnxplug.ep import InvalidArgument
+from onnxplug.ep import ARENA_OPTIONS, ArenaConfig, InvalidArgument, parse_byte_count
 
 SIZE_MAX = (1 << 64) - 1
 
@@ -76,6 +82,10 @@ def _mem_limit(key: str, v: str) -> int:
     return SIZE_MAX if n == 0 else n  # onnxruntime treats 0 as unlimited
 
 
+# Session options whose values are Python objects, not strings (the external allocator's
+# callbacks may be callables).
+OBJECT_KEYS = frozenset({"gpu_external_alloc", "gpu_external_free", "gpu_external_empty_cache"})
+
 CONV_ALGO_SEARCH = {"EXHAUSTIVE": 0, "HEURISTIC": 1, "DEFAULT": 2}
 ARENA_EXTEND_STRATEGY = {"kNextPowerOfTwo": 0, "kSameAsRequested": 1}
 SDPA_KERNEL_BITS = (
@@ -133,11 +143,9 @@ SPECS: tuple[OptionSpec, ...] = (
         doc="user_compute_stream is set (0 is a valid stream)",
     ),
     OptionSpec("user_compute_stream", _pointer, 0, doc="run on this cudaStream_t (address)"),
-    OptionSpec("gpu_external_alloc", _pointer, 0, doc="external allocator: void* alloc(size_t)"),
-    OptionSpec("gpu_external_free", _pointer, 0, doc="external allocator: void free(void*)"),
-    OptionSpec(
-        "gpu_external_empty_cache", _pointer, 0, doc="external allocator: void empty_cache()"
-    ),
+    OptionSpec("gpu_external_alloc", _pointer, 0, doc="external allocator: alloc(size) -> address"),
+    OptionSpec("gpu_external_free", _pointer, 0, doc="external allocator: free(address)"),
+    OptionSpec("gpu_external_empty_cache", _pointer, 0, doc="external allocator: empty_cache()"),
     OptionSpec(
         "enable_cudnn", _bool, True, doc="use cuDNN; 0 leaves cuDNN-only ops to other providers"
     ),
@@ -173,15 +181,22 @@ class CudaOptions:
     sdpa_kernel: int = 0
     has_user_compute_stream: bool = False
     user_compute_stream: int = 0
-    gpu_external_alloc: int = 0
-    gpu_external_free: int = 0
-    gpu_external_empty_cache: int = 0
+    gpu_external_alloc: Any = 0  # an address or a Python callable
+    gpu_external_free: Any = 0
+    gpu_external_empty_cache: Any = 0
     enable_cudnn: bool = True
     min_num_runs_before_cuda_graph_capture: int = 2
     tunable_op_enable: bool = False
     tunable_op_tuning_enable: bool = False
     tunable_op_max_tuning_duration_ms: int = 0
+    # the device arena's options as bare ``arena.*`` keys (gpu_mem_limit and
+    # arena_extend_strategy included), validated
+    arena: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def arena_options(self) -> dict[str, str]:
+        return dict(self.arena)
 
     @property
     def uses_external_allocator(self) -> bool:
@@ -202,16 +217,19 @@ class CudaOptions:
         """Effective values, as ``get_provider_options()`` reports them."""
         out = {}
         for f in fields(self):
-            if f.name == "warnings":
+            if f.name in ("warnings", "arena"):
                 continue
             v = getattr(self, f.name)
-            if f.name == "cudnn_conv_algo_search":
+            if callable(v):
+                v = f"<python callable {getattr(v, '__qualname__', type(v).__name__)}>"
+            elif f.name == "cudnn_conv_algo_search":
                 v = next(k for k, n in CONV_ALGO_SEARCH.items() if n == v)
             elif f.name == "arena_extend_strategy":
                 v = next(k for k, n in ARENA_EXTEND_STRATEGY.items() if n == v)
             elif isinstance(v, bool):
                 v = "1" if v else "0"
             out[f.name] = str(v)
+        out.update(self.arena)
         return out
 
 
@@ -231,8 +249,11 @@ def lookup(
     return None
 
 
-def parse_options(config: Mapping[str, str], provider_name: str) -> CudaOptions:
-    """Parse and cross-validate the CUDA options found in ``config``."""
+def parse_options(
+    config: Mapping[str, str], provider_name: str, objects: Mapping[str, Any] | None = None
+) -> CudaOptions:
+    """Parse and cross-validate the CUDA options found in ``config``; ``objects`` holds the
+    values given as Python objects (callables for the external allocator), by config key."""
     values: dict[str, Any] = {}
     for spec in SPECS:
         hit = lookup(config, provider_name, spec)
@@ -240,8 +261,17 @@ def parse_options(config: Mapping[str, str], provider_name: str) -> CudaOptions:
             label = (
                 f"'{spec.key}'" if hit[0] == spec.key else f"'{spec.key}' (config key '{hit[0]}')"
             )
-            values[spec.key] = spec.parse(label, hit[1])
+            obj = (objects or {}).get(hit[0])
+            if obj is not None:
+                if spec.key not in OBJECT_KEYS or not callable(obj):
+                    raise InvalidArgument(
+                        f"CUDA provider option {label} must be a string, not a {type(obj).__name__}"
+                    )
+                values[spec.key] = obj
+            else:
+                values[spec.key] = spec.parse(label, hit[1])
     _reject_unknown(config, provider_name)
+    values["arena"] = tuple(sorted(_arena_options(config, provider_name, values).items()))
     warnings: list[str] = []
     if values.get("user_compute_stream") and "has_user_compute_stream" not in values:
         values["has_user_compute_stream"] = True
@@ -271,6 +301,91 @@ def parse_options(config: Mapping[str, str], provider_name: str) -> CudaOptions:
 
 
 _KNOWN = {name for s in SPECS for name in (s.key, *s.aliases)}
+
+# the mempool mode's keys, next to the arena keys every BFC arena has (ARENA_OPTIONS)
+MEMPOOL_KEYS = frozenset(
+    {
+        "arena.use_cuda_mempool",
+        "arena.cuda_mempool_release_threshold",
+        "arena.cuda_mempool_bytes_to_keep_on_shrink",
+    }
+)
+ARENA_KEYS = frozenset(ARENA_OPTIONS) | MEMPOOL_KEYS
+
+
+@dataclass(frozen=True)
+class ArenaSettings:
+    """How the device memory of a shared allocator is managed: a BFC arena with ``arena``,
+    or (``use_cuda_mempool``) a CUDA memory pool."""
+
+    arena: ArenaConfig = ArenaConfig()
+    use_cuda_mempool: bool = False
+    cuda_mempool_release_threshold: int = 0
+    cuda_mempool_bytes_to_keep_on_shrink: int = 0
+
+
+def arena_settings(options: Mapping[str, str], where: str) -> ArenaSettings:
+    """Validate ``arena.*`` options (``ARENA_KEYS``); also accepts the provider options
+    ``gpu_mem_limit`` (``cuda_mem_limit``) and ``arena_extend_strategy`` as their
+    ``arena.max_mem`` / ``arena.extend_strategy``, which an ``arena.*`` key overrides."""
+    opts = dict(options)
+    for key in ("gpu_mem_limit", "cuda_mem_limit"):
+        if key in opts:
+            v = opts.pop(key)
+            opts.setdefault("arena.max_mem", str(_mem_limit(f"'{key}'", v)))
+    if "arena_extend_strategy" in opts:
+        v = opts.pop("arena_extend_strategy")
+        n = _enum(ARENA_EXTEND_STRATEGY)("'arena_extend_strategy'", v)
+        opts.setdefault("arena.extend_strategy", str(n))
+    for key in opts:
+        if not key.startswith("arena."):
+            raise InvalidArgument(
+                f"{where}: '{key}' is not an allocator option; use arena.* keys "
+                f"({', '.join(sorted(ARENA_KEYS))}), gpu_mem_limit or arena_extend_strategy"
+            )
+    config = ArenaConfig.from_options(opts, where, MEMPOOL_KEYS)
+    mempool = opts.get("arena.use_cuda_mempool", "0").strip()
+    if mempool not in ("0", "1"):
+        raise InvalidArgument(
+            f"{where}: arena option 'arena.use_cuda_mempool': '{mempool}' must be 0 or 1"
+        )
+    threshold = opts.get("arena.cuda_mempool_release_threshold")
+    keep = opts.get("arena.cuda_mempool_bytes_to_keep_on_shrink")
+    return ArenaSettings(
+        config,
+        mempool == "1",
+        parse_byte_count(where, "arena.cuda_mempool_release_threshold", threshold)
+        if threshold is not None
+        else 0,
+        parse_byte_count(where, "arena.cuda_mempool_bytes_to_keep_on_shrink", keep)
+        if keep is not None
+        else 0,
+    )
+
+
+def _arena_options(
+    config: Mapping[str, str], provider_name: str, values: Mapping[str, Any]
+) -> dict[str, str]:
+    """The device arena's options of a session, validated: ``ep.<name>.arena.*`` over
+    ``ep.cuda.arena.*``, over ``gpu_mem_limit`` / ``arena_extend_strategy`` when given."""
+    out: dict[str, str] = {}
+    if "gpu_mem_limit" in values:
+        limit = values["gpu_mem_limit"]
+        out["arena.max_mem"] = "0" if limit == SIZE_MAX else str(limit)
+    if "arena_extend_strategy" in values:
+        out["arena.extend_strategy"] = str(values["arena_extend_strategy"])
+    for prefix in ("ep.cuda.", f"ep.{provider_name.lower()}."):
+        for key, value in config.items():
+            if key.startswith(prefix + "arena."):
+                name = key[len(prefix) :]
+                if name not in ARENA_KEYS:
+                    raise InvalidArgument(
+                        f"unknown CUDA arena option '{name}' (config key '{key}'); known: "
+                        f"{', '.join(sorted(ARENA_KEYS))}"
+                    )
+                out[name] = value
+    arena_settings(out, f"{provider_name} (session options)")
+    return out
 
 
 def _reject_unknown(config: Mapping[str, str], provider_name: str) -> None:

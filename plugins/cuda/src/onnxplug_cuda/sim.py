@@ -1,7 +1,7 @@
 """A host-simulated CUDA device, for testing the CUDA kernels' logic where there is no GPU.
 
 ``CUDASimExecutionProvider`` is the CUDA provider with its GPU parts swapped for host ones:
-memory is host memory behind a counting allocator, ``xp`` is numpy instead of CuPy, streams
+memory is host memory behind the same BFC arena, ``xp`` is numpy instead of CuPy, streams
 run work immediately, and GEMM/convolution use the backends' numpy paths. Partitioning,
 placement, copies, kernel registration and each kernel's shape and indexing logic are the
 real ones. It proves nothing about CUDA itself: the GPU tests do that.
@@ -15,12 +15,13 @@ import numpy as np
 
 from onnxplug.ep import (
     Allocator,
+    BFCArena,
     DataTransfer,
     Device,
     DeviceTensor,
     HostAllocator,
+    ImmediateStream,
     MemoryInfo,
-    SyncNotification,
     SyncStream,
     counters,
     host_view,
@@ -33,36 +34,11 @@ SIM_NAME = "CUDASimExecutionProvider"
 SIM_TYPE = "cudasim"
 
 
-class SimNotification(SyncNotification):
-    def __init__(self, producer: SimStream):
-        self.producer = producer
-        self.sync_id = 0
-
-    def activate(self) -> None:
-        self.sync_id = self.producer.next_sync_id()
-
-    def wait_on_device(self, consumer: SyncStream) -> None:
-        consumer.record_wait(self.producer, self.sync_id)
-
-    def wait_on_host(self) -> None:
-        pass
-
-
-class SimStream(SyncStream):
+class SimStream(ImmediateStream):
     """Work runs at once on the host, so there is nothing to wait for."""
-
-    def __init__(self, device: Device):
-        super().__init__(device)
-        self.closed = False
-
-    def create_notification(self) -> SimNotification:
-        return SimNotification(self)
 
     def flush(self) -> None:
         counters.bump(counters.HOST_SYNCS)  # what the real stream's synchronise would be
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class NumpyBackend:
@@ -151,13 +127,14 @@ class CudaSimEpFactory(CudaEpFactory):
         s.frame_owned = not shared
         return s
 
-    def _make_allocator(self, memory_info: MemoryInfo) -> Allocator | None:
-        if memory_info.name == "Cuda":
-            return HostAllocator(memory_info)
-        return None
+    def _device_arena(self, memory_info: MemoryInfo, settings: Any) -> BFCArena:
+        return BFCArena(HostAllocator(memory_info), settings.arena, stream_aware=True)
 
-    def limited_allocator(self, memory_info: MemoryInfo, limit: int) -> Allocator:
+    def _raw_pinned(self, memory_info: MemoryInfo) -> Allocator:
         return HostAllocator(memory_info)
+
+    def _mempool_unsupported(self, ordinal: int) -> str | None:
+        return "the host-simulated device has no CUDA memory pools"
 
     def create_data_transfer(self) -> SimTransfer:
         return SimTransfer()

@@ -130,6 +130,13 @@ class CudaSyncStream(SyncStream):
         counters.bump(counters.HOST_SYNCS)
         check(cudart().cudaStreamSynchronize(self._handle), "cudaStreamSynchronize")
 
+    def on_session_run_end(self) -> None:
+        self.flush()
+        # a user's stream its owner is capturing has not run the work yet: its blocks stay
+        # tagged (the arena keeps them from other streams)
+        if self.owned or not self.is_capturing():
+            self.notify_released()
+
     # graph capture ----------------------------------------------------------------------------
     def begin_capture(self) -> None:
         rt = cudart()
@@ -192,6 +199,7 @@ class CudaSyncStream(SyncStream):
             pass
         if self._on_close is not None:
             self._on_close(self._handle)
+        super().close()  # drained: arenas untag the blocks they tagged with this stream
         if self._cublaslt is not None:
             from nvmath.bindings import cublasLt
 
