@@ -114,8 +114,8 @@ def test_unregistered_provider_is_gone():
     with registered(vd.NAME, VIRT_FACTORY):
         assert vd.NAME in ox.get_available_providers()
     assert vd.NAME not in ox.get_available_providers()
-    with pytest.raises(ox.errors.InvalidArgument, match=f"Unknown execution provider '{vd.NAME}'"):
-        relu_session([vd.NAME, CPU])
+    with pytest.warns(UserWarning, match=f"Unknown execution provider '{vd.NAME}'"):
+        assert relu_session([vd.NAME, CPU]).get_providers() == [CPU]
 
 
 @pytest.mark.parametrize(
@@ -144,7 +144,7 @@ def test_a_failed_override_of_the_builtin_cpu_provider_keeps_it(entry_points):
     with pytest.raises(ox.errors.Fail, match="'CPUExecutionProvider'.*No module named"):
         reg.register(CPU, f"{PKG}.no_such_module:create_factory")
     factory, why = reg.find_factory(CPU)
-    assert factory is not None and why is None
+    assert factory is not None and why == ""
     assert reg.available_providers() == [CPU]
     # overriding it with a working plugin is allowed
     reg.register(CPU, f"{PKG}.bad_plugins:NewerPluginFactory")

@@ -434,7 +434,7 @@ def test_set_providers_rebuilds(affine, x):
 def test_providers_with_options_and_unknown_provider(affine):
     s = ox.InferenceSession(affine.SerializeToString(), providers=[("CPUExecutionProvider", {})])
     assert s.get_providers() == CPU
-    with pytest.raises(errors.InvalidArgument, match="NopeExecutionProvider"):
+    with pytest.warns(UserWarning, match="NopeExecutionProvider"):
         ox.InferenceSession(affine.SerializeToString(), providers=["NopeExecutionProvider"])
     with pytest.raises(errors.InvalidArgument, match="provider_options has 2 entries for 1"):
         ox.InferenceSession(affine.SerializeToString(), providers=CPU, provider_options=[{}, {}])

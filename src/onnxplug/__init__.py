@@ -36,9 +36,8 @@ def get_available_providers() -> list[str]:
 
 
 def get_all_providers() -> list[str]:
-    """Every provider known to this installation, loaded or not."""
-    names = [lib.factory.name if lib.factory else lib.name for lib in _REGISTRY.libraries()]
-    return list(dict.fromkeys(names))
+    """onnxruntime's provider names and every plugin's, installed or not, CPU last."""
+    return _REGISTRY.all_providers()
 
 
 def get_ep_devices() -> list[EpDevice]:

@@ -252,7 +252,11 @@ def _io_lines(sess: Any) -> list[str]:
 def _session(model: Any, providers: list[Any] | None) -> Any:
     import onnxplug as ox
 
-    return ox.InferenceSession(model, providers=providers)
+    # a provider named on the command line that cannot be used is an error, not a warning:
+    # the numbers printed must be those of the providers asked for
+    so = ox.SessionOptions()
+    so.add_session_config_entry("session.strict_providers", "1")
+    return ox.InferenceSession(model, so, providers=providers)
 
 
 # ---------------------------------------------------------------------------------------------

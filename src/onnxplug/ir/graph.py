@@ -325,6 +325,10 @@ def infer_types(proto: ModelProto) -> ModelProto:
     light.graph.input.extend(g.input)
     light.graph.output.extend(g.output)
     light.graph.value_info.extend(g.value_info)
+    for vi in itertools.chain(light.graph.input, light.graph.output, light.graph.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.Clear()  # -1 (PaddlePaddle's unknown dim) is no size: onnx would take it as one
     existing = {i.name for i in g.input}
     for t in g.initializer:
         if _numel(t) <= _LARGE_INITIALIZER:
@@ -378,7 +382,31 @@ def graph_from_model(proto: ModelProto) -> Graph:
     g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
     _check_defined(g, frozenset())
     _merge_types(g, inferred.graph)
+    _refine_outputs(g, inferred.graph)
     return g
+
+
+def _refine_outputs(g: Graph, gp: GraphProto) -> None:
+    """Graph outputs take the sizes shape inference found where the model declares none (an
+    unknown or symbolic dim, or no shape at all), as onnxruntime reports them."""
+    inferred = {vi.name: ValueType.from_proto(vi.type) for vi in gp.output}
+    for k, vi in enumerate(g.outputs):
+        t, it = vi.type, inferred.get(vi.name)
+        if it is None or t.kind != "tensor" or it.kind != "tensor" or it.shape is None:
+            continue
+        if t.shape is None:  # onnx names the dims it cannot size ('unk__0'): unknown here
+            shape = tuple(i if isinstance(i, int) else None for i in it.shape)
+        elif len(t.shape) == len(it.shape):
+            shape = tuple(
+                i if isinstance(i, int) and not isinstance(d, int) else d
+                for d, i in zip(t.shape, it.shape)
+            )
+        else:
+            continue
+        if shape != t.shape:
+            nt = ValueType("tensor", t.elem_type, shape)
+            g.outputs[k] = ValueInfo(vi.name, nt)
+            g.value_types[vi.name] = nt
 
 
 def _check_defined(g: Graph, visible: frozenset[str]) -> None:

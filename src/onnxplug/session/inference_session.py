@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,8 @@ from .options import RunOptions, SessionOptions
 from .value import OrtValue, to_numpy, unwrap
 
 CPU_EP = "CPUExecutionProvider"
+# session config key: a requested provider that cannot be used is an error, not a warning
+STRICT_PROVIDERS_KEY = "session.strict_providers"
 
 
 @dataclass(frozen=True)
@@ -139,30 +142,30 @@ class InferenceSession:
 
     # providers ----------------------------------------------------------------------------------
     def _create_eps(
-        self, providers: list[Any] | None, provider_options: list[dict[str, Any]] | None
+        self, providers: Any, provider_options: list[dict[str, Any]] | None
     ) -> list[Ep]:
+        """The requested providers, in priority order, CPU appended unless its fallback is off.
+
+        A requested provider that cannot be used here (not installed, failed to load, no
+        device) is left out with one warning saying why, as onnxruntime does; with
+        ``session.disable_cpu_ep_fallback=1`` or ``session.strict_providers=1`` that is an
+        error instead.
+        """
         opts = self._sess_options
         registry = self._env.registry
-        requests: list[tuple[str, dict[str, str], list[EpDevice] | None]] = []
         if providers is not None:
-            if provider_options is not None and len(provider_options) != len(providers):
-                raise InvalidArgument(
-                    f"provider_options has {len(provider_options)} entries for {len(providers)} providers"
-                )
-            for k, p in enumerate(providers):
-                if isinstance(p, tuple):
-                    if len(p) != 2 or not isinstance(p[0], str):
-                        raise InvalidArgument(f"provider entry {p!r} must be (name, options dict)")
-                    name, po = p[0], dict(p[1] or {})
-                elif isinstance(p, str):
-                    name, po = p, {}
-                else:
-                    raise InvalidArgument(f"provider entry {p!r} must be a name or (name, options)")
-                if provider_options is not None:
-                    po.update(provider_options[k] or {})
-                requests.append((name, {str(a): _opt_str(b) for a, b in po.items()}, None))
+            requests = _provider_requests(providers, provider_options)
         else:
-            requests.extend(opts.get_provider_entries())
+            requests = opts.get_provider_entries()
+        first: dict[str, Any] = {}
+        for r in requests:
+            if r[0] in first:  # onnxruntime's warning, word for word
+                warnings.warn(
+                    f"Duplicate provider '{r[0]}' encountered, ignoring.", UserWarning, stacklevel=3
+                )
+            else:
+                first[r[0]] = r
+        requests = list(first.values())
         if not requests:
             available = registry.available_providers()
             if len(available) > 1:
@@ -171,22 +174,33 @@ class InferenceSession:
                     f"to InferenceSession, e.g. InferenceSession(path, providers={available})"
                 )
             requests = [(CPU_EP, {}, None)]
-        names = [r[0] for r in requests]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise InvalidArgument(f"execution provider(s) {sorted(dup)} listed more than once")
-        fallback_off = opts._config.get("session.disable_cpu_ep_fallback", "0") == "1"
-        if CPU_EP not in names and not fallback_off:
-            requests.append((CPU_EP, {}, None))
-        eps: list[Ep] = []
         config = dict(opts._config)
+        fallback_off = config.get("session.disable_cpu_ep_fallback", "0") == "1"
+        strict = fallback_off or config.get(STRICT_PROVIDERS_KEY, "0") == "1"
+        usable: list[tuple[str, dict[str, str], list[EpDevice] | None, Any]] = []
+        unusable: list[str] = []
         for name, po, devices in requests:
             factory, why = registry.find_factory(name)
             if factory is None:
-                avail = registry.available_providers()
-                raise InvalidArgument(
-                    why or f"Unknown execution provider '{name}'. Available providers: {avail}"
-                )
+                unusable.append(why)
+            else:
+                usable.append((name, po, devices, factory))
+        if unusable:
+            why = f"{'; '.join(unusable)}. Available providers: {registry.available_providers()}"
+            if strict:
+                key = "session.disable_cpu_ep_fallback" if fallback_off else STRICT_PROVIDERS_KEY
+                raise InvalidArgument(f"{why} (no fallback: {key}=1)")
+        if not fallback_off and all(r[0] != CPU_EP for r in usable):
+            usable.append((CPU_EP, {}, None, registry.find_factory(CPU_EP)[0]))
+        if unusable:
+            warnings.warn(
+                f"{why}. Running on {[r[0] for r in usable]} instead (session config "
+                f"'{STRICT_PROVIDERS_KEY}' = '1' makes this an error).",
+                UserWarning,
+                stacklevel=3,
+            )
+        eps: list[Ep] = []
+        for name, po, devices, factory in usable:
             if devices is None:
                 all_devs = registry.devices_of(factory)
                 wanted = po.get("device_id")
@@ -235,35 +249,37 @@ class InferenceSession:
 
     def _apply_free_dimension_overrides(self, proto: ModelProto) -> None:
         """SessionOptions.add_free_dimension_override_by_name/_by_denotation fix symbolic
-        dimensions of the graph inputs; feeds must then match them."""
+        dimensions of the graph inputs and outputs; feeds must then match them, and
+        get_inputs()/get_outputs() report them, as in onnxruntime."""
         opts = self._sess_options
         by_name, by_den = opts._free_dims_by_name, opts._free_dims_by_denotation
         if not by_name and not by_den:
             return
         denotations = {
             vi.name: [d.denotation for d in vi.type.tensor_type.shape.dim]
-            for vi in proto.graph.input
+            for vi in (*proto.graph.input, *proto.graph.output)
             if vi.type.HasField("tensor_type")
         }
         g = self._graph
-        for k, vi in enumerate(g.inputs):
-            t = vi.type
-            if t.kind != "tensor" or t.shape is None:
-                continue
-            dens = denotations.get(vi.name, [])
-            dims = list(t.shape)
-            for j, d in enumerate(dims):
-                if isinstance(d, int):
+        for values in (g.inputs, g.outputs):
+            for k, vi in enumerate(values):
+                t = vi.type
+                if t.kind != "tensor" or t.shape is None:
                     continue
-                den = dens[j] if j < len(dens) else ""
-                if den and den in by_den:
-                    dims[j] = by_den[den]
-                elif isinstance(d, str) and d in by_name:
-                    dims[j] = by_name[d]
-            if dims != list(t.shape):
-                nt = dataclasses.replace(t, shape=tuple(dims))
-                g.inputs[k] = type(vi)(vi.name, nt)
-                g.value_types[vi.name] = nt
+                dens = denotations.get(vi.name, [])
+                dims = list(t.shape)
+                for j, d in enumerate(dims):
+                    if isinstance(d, int):
+                        continue
+                    den = dens[j] if j < len(dens) else ""
+                    if den and den in by_den:
+                        dims[j] = by_den[den]
+                    elif isinstance(d, str) and d in by_name:
+                        dims[j] = by_name[d]
+                if dims != list(t.shape):
+                    nt = dataclasses.replace(t, shape=tuple(dims))
+                    values[k] = type(vi)(vi.name, nt)
+                    g.value_types[vi.name] = nt
 
     def _build(self) -> None:
         ctx = BuildContext(self._eps, self._env.transfer, self._env.allocator_for)
@@ -681,6 +697,34 @@ def _from_python(name: str, value: Any, dt: np.dtype | None) -> np.ndarray:
             f"expected: (tensor({_type_name(dt)})) for input '{name}'"
         )
     return arr.astype(dt)
+
+
+def _provider_requests(
+    providers: Any, provider_options: list[dict[str, Any]] | None
+) -> list[tuple[str, dict[str, str], None]]:
+    """``providers`` (names or (name, options) tuples; a bare name is one provider) as
+    (name, options, devices) requests."""
+    if isinstance(providers, str):
+        providers = [providers]
+    providers = list(providers)
+    if provider_options is not None and len(provider_options) != len(providers):
+        raise InvalidArgument(
+            f"provider_options has {len(provider_options)} entries for {len(providers)} providers"
+        )
+    requests: list[tuple[str, dict[str, str], None]] = []
+    for k, p in enumerate(providers):
+        if isinstance(p, tuple):
+            if len(p) != 2 or not isinstance(p[0], str):
+                raise InvalidArgument(f"provider entry {p!r} must be (name, options dict)")
+            name, po = p[0], dict(p[1] or {})
+        elif isinstance(p, str):
+            name, po = p, {}
+        else:
+            raise InvalidArgument(f"provider entry {p!r} must be a name or (name, options)")
+        if provider_options is not None:
+            po.update(provider_options[k] or {})
+        requests.append((name, {str(a): _opt_str(b) for a, b in po.items()}, None))
+    return requests
 
 
 def _opt_str(v: Any) -> str:
