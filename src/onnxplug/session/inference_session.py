@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 from onnx import ModelProto
 
 from ..ep.api import Ep, EpDevice, SessionConfig, supports
@@ -29,10 +30,12 @@ from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
 from ..framework.memory import CPU, Device, DeviceTensor
+from ..ir.export import model_to_proto
 from ..ir.graph import Graph, graph_from_model
 from ..ir.model import load_model_proto
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype
 from ..optimizer.passes import optimize
+from . import log
 from .build import BuildContext, build_runner, make_constant_folder
 from .environment import get_environment
 from .options import RunOptions, SessionOptions
@@ -96,7 +99,6 @@ class InferenceSession:
         )
         self._env = get_environment()
         self._profiling_start_ns = time.time_ns()
-        self._log_level = _log_level(self._sess_options.log_severity_level)
         proto, _ = load_model_proto(path_or_bytes)
         self._proto_meta = _metadata(proto)
         graph: Graph = graph_from_model(proto)
@@ -125,6 +127,7 @@ class InferenceSession:
         folder = make_constant_folder(cpu) if cpu is not None else None
         registries = [ep.get_kernel_registry() for ep in self._eps]
         optimize(graph, int(self._sess_options.graph_optimization_level), folder, registries)
+        self._save_optimized_model(proto)
         self._build()
         self._log(
             logging.INFO,
@@ -135,10 +138,10 @@ class InferenceSession:
             self._log(logging.DEBUG, f"graph '{g}': {op} node '{node}' runs on {ep}")
 
     def _log(self, level: int, message: str) -> None:
-        """Logs through the 'onnxplug' logger if the session's log_severity_level lets it."""
-        if level >= self._log_level:
-            logid = self._sess_options.logid
-            _LOGGER.log(level, "[%s] %s" if logid else "%s%s", logid or "", message)
+        """Prints ``message`` (at a logging level) if the session's log_severity_level lets
+        it, tagged with the session's logid (session/log.py)."""
+        opts = self._sess_options
+        log.log(log.severity_of(level), message, opts.logid, opts.log_severity_level)
 
     # providers ----------------------------------------------------------------------------------
     def _create_eps(
@@ -228,6 +231,43 @@ class InferenceSession:
         return eps
 
     # building -----------------------------------------------------------------------------------
+    def _save_optimized_model(self, proto: ModelProto) -> None:
+        """Writes the optimized graph to ``optimized_model_filepath`` (ONNX), its initializers
+        to an external file where ``session.optimized_model_external_initializers_file_name``
+        names one, as onnxruntime does."""
+        path = self._sess_options.optimized_model_filepath
+        if not path:
+            return
+        config = self._sess_options._config
+        fmt = config.get("session.save_model_format", "ONNX").upper()
+        if fmt != "ONNX" or str(path).lower().endswith(".ort"):
+            raise InvalidArgument(
+                f"optimized_model_filepath '{path}': onnxplug writes ONNX models only (not "
+                "onnxruntime's .ort format); use a .onnx path"
+            )
+        model = model_to_proto(self._graph, proto, self._defaults)
+        external = config.get("session.optimized_model_external_initializers_file_name")
+        try:
+            if external:
+                threshold = config.get(
+                    "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+                )
+                onnx.save(
+                    model,
+                    str(path),
+                    save_as_external_data=True,
+                    all_tensors_to_one_file=True,
+                    location=external,
+                    size_threshold=int(threshold),
+                )
+            else:
+                onnx.save(model, str(path))
+        except (OSError, ValueError) as e:
+            raise InvalidArgument(
+                f"optimized_model_filepath '{path}': the optimized model cannot be written: {e}"
+            ) from e
+        self._log(logging.INFO, f"optimized model written to '{path}'")
+
     def _apply_session_initializers(self) -> None:
         """SessionOptions.add_initializer values replace the model's initializers."""
         for name, value in self._sess_options._initializers.items():
@@ -557,28 +597,12 @@ class InferenceSession:
         return self._profiling_start_ns
 
 
-_LOGGER = logging.getLogger("onnxplug")
-
-
 def _writable(value: Any) -> Any:
     """An output the caller may modify: constants the runtime keeps (an initializer that is a
     graph output) are read-only and are copied, as onnxruntime returns fresh arrays."""
     if isinstance(value, np.ndarray) and not value.flags.writeable:
         return value.copy()
     return value
-
-
-def _log_level(severity: Any) -> int:
-    """onnxruntime's severity (0 verbose, 1 info, 2 warning, 3 error, 4 fatal) as a logging
-    level."""
-    try:
-        sev = int(severity)
-    except (TypeError, ValueError):
-        raise InvalidArgument(
-            f"log_severity_level must be 0 (verbose) .. 4 (fatal), not {severity!r}"
-        ) from None
-    levels = [logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL]
-    return levels[min(max(sev, 0), 4)]
 
 
 @dataclasses.dataclass(frozen=True)
