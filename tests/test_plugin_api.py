@@ -179,13 +179,18 @@ def test_reregistering_uses_the_new_factory_for_memory_and_copies():
 def test_ep_devices_describe_the_plugin_device(virt):
     (dev,) = [d for d in ox.get_ep_devices() if d.ep_name == vd.NAME]
     assert dev.ep_vendor == vd.provider.VENDOR
-    assert dev.device.type == "NPU" and dev.device.vendor_id == vd.provider.VENDOR_ID
+    assert dev.device.type == ox.OrtHardwareDeviceType.NPU
+    assert dev.device.vendor_id == vd.provider.VENDOR_ID
     assert dev.ep_metadata == {"virt_device_id": "0"}
     assert dev.ep_options == {"device_id": "0"}
-    assert dev.memory_info.name == "Virt" and str(dev.memory_info.device) == "virt:0"
+    # onnxruntime's OrtEpDevice.memory_info(memory type) method
+    mem = dev.memory_info(ox.OrtDeviceMemoryType.DEFAULT)
+    assert mem.name == "Virt" and str(mem.device) == "virt:0" and mem.device_id == 0
     assert dev.factory is virt
     (cpu,) = [d for d in ox.get_ep_devices() if d.ep_name == CPU]
-    assert cpu.device.type == "CPU"
+    assert cpu.device.type == ox.OrtHardwareDeviceType.CPU
+    # the CPU provider has no memory of its own, as in onnxruntime
+    assert cpu.memory_info(ox.OrtDeviceMemoryType.DEFAULT) is None
 
 
 def test_add_provider_for_devices_passes_options_as_session_config(virt):

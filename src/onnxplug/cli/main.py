@@ -411,12 +411,14 @@ def cmd_providers(args: argparse.Namespace) -> int:
         if lib.factory is not None:
             f = lib.factory
             state = f"loaded, {len(lib.devices)} device(s)"
+            if not lib.devices and f.unavailable_reason():
+                state += f" ({f.unavailable_reason()})"
             detail = f"{f.vendor or '-'} {f.version}, plugin API {f.api_version}"
             print(f"  {lib.name}: {state}; {detail}; from {lib.source} {lib.target}")
         else:
             print(f"  {lib.name}: failed to load; from {lib.source} {lib.target}")
     print("EP devices:")
-    devices = ox.get_ep_devices()
+    devices = [d.ep_device for d in ox.get_ep_devices()]
     if not devices:
         print("  (none)")
     for d in devices:

@@ -42,6 +42,7 @@ from ..framework.memory import (
     host_view,
 )
 from ..framework.scratch import FrameScratch, current_scratch
+from ..framework.seed import node_seed
 from ..framework.stream import DataTransfer, SyncNotification, SyncStream, device_of
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype, tensor_type_str
 from .api import (
@@ -107,6 +108,7 @@ __all__ = [
     "elem_type_of",
     "errors",
     "host_view",
+    "node_seed",
     "np_dtype",
     "shapes",
     "supports",

@@ -398,9 +398,15 @@ class OrtEpAssignedNode:
 
 
 class OrtEpAssignedSubgraph:
-    """The nodes one provider runs (onnxruntime's ``OrtEpAssignedSubgraph``)."""
+    """Nodes one provider runs (onnxruntime's ``OrtEpAssignedSubgraph``): one node each, as
+    onnxruntime reports its kernel-based providers.
+
+    onnxplug: also readable as the record ``{"graph", "node_name", "op_type", "ep"}`` of its
+    node (``r["ep"]``), the form earlier onnxplug versions returned.
+    """
 
     __slots__ = ("_nodes", "ep_name")
+    _KEYS = ("graph", "node_name", "op_type", "ep")
 
     def __init__(self, ep_name: str, nodes: list[OrtEpAssignedNode]):
         self.ep_name = ep_name
@@ -409,8 +415,20 @@ class OrtEpAssignedSubgraph:
     def get_nodes(self) -> list[OrtEpAssignedNode]:
         return list(self._nodes)
 
+    def __getitem__(self, key: str) -> str:
+        n = self._nodes[0]
+        values = {"graph": n.graph, "node_name": n.name, "op_type": n.op_type, "ep": self.ep_name}
+        try:
+            return values[key]
+        except KeyError:
+            raise KeyError(f"{key!r}: the record's keys are {list(self._KEYS)}") from None
+
+    def keys(self) -> tuple[str, ...]:
+        return self._KEYS
+
     def __repr__(self) -> str:
-        return f"OrtEpAssignedSubgraph({self.ep_name}, {len(self._nodes)} nodes)"
+        names = [n.name for n in self._nodes]
+        return f"OrtEpAssignedSubgraph({self.ep_name}, {names})"
 
 
 class _CooView:

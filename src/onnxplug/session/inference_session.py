@@ -29,7 +29,7 @@ from ..errors import Fail, InvalidArgument, InvalidGraph, OnnxPlugError
 from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
-from ..framework.memory import CPU, Device, DeviceTensor
+from ..framework.memory import CPU, CPU_MEMORY, Device, DeviceTensor
 from ..ir.export import model_to_proto
 from ..ir.graph import Graph, graph_from_model
 from ..ir.model import load_model_proto
@@ -37,7 +37,14 @@ from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype
 from ..optimizer.passes import optimize
 from . import log
 from .build import BuildContext, build_runner, make_constant_folder
-from .environment import get_environment
+from .devices import (
+    OrtEpAssignedNode,
+    OrtEpAssignedSubgraph,
+    OrtEpDevice,
+    OrtExecutionProviderDevicePolicy,
+    OrtMemoryInfo,
+)
+from .environment import Environment, get_environment
 from .options import RunOptions, SessionOptions
 from .value import OrtValue, to_numpy, unwrap
 
@@ -134,7 +141,7 @@ class InferenceSession:
             f"session for '{self._model_path or proto.graph.name}': providers "
             f"{self.get_providers()}, nodes per provider {self.get_ep_graph_assignment_summary()}",
         )
-        for g, node, op, ep in self._assignment:
+        for g, node, op, ep, _ in self._assignment:
             self._log(logging.DEBUG, f"graph '{g}': {op} node '{node}' runs on {ep}")
 
     def _log(self, level: int, message: str) -> None:
@@ -159,7 +166,7 @@ class InferenceSession:
         if providers is not None:
             requests = _provider_requests(providers, provider_options)
         else:
-            requests = opts.get_provider_entries()
+            requests = opts.get_provider_entries() or self._policy_requests()
         first: dict[str, Any] = {}
         for r in requests:
             if r[0] in first:  # onnxruntime's warning, word for word
@@ -229,6 +236,40 @@ class InferenceSession:
                 raise InvalidArgument(f"{name}: {e}") from e
             eps.append(ep)
         return eps
+
+    def _policy_requests(self) -> list[tuple[str, dict[str, str], list[EpDevice] | None]]:
+        """Providers chosen by SessionOptions.set_provider_selection_policy(_delegate): the
+        EP devices the delegate returns, or by policy GPU devices (PREFER_GPU,
+        MAX_PERFORMANCE) or NPU devices (PREFER_NPU, MAX_EFFICIENCY, MIN_OVERALL_POWER)
+        before the CPU; DEFAULT and PREFER_CPU choose the CPU, as in onnxruntime."""
+        opts = self._sess_options
+        if opts._policy_delegate is None and opts._policy is None:
+            return []
+        devices = [OrtEpDevice(d) for d in self._env.registry.ep_devices()]
+        if opts._policy_delegate is not None:
+            chosen = list(
+                opts._policy_delegate(
+                    devices, dict(self._proto_meta.custom_metadata_map), {}, len(devices)
+                )
+                or []
+            )
+            if not all(isinstance(d, OrtEpDevice) for d in chosen):
+                raise InvalidArgument(
+                    "the provider selection delegate must return OrtEpDevices from the list "
+                    "it was given"
+                )
+        else:
+            P = OrtExecutionProviderDevicePolicy
+            kind = {P.PREFER_GPU: "GPU", P.MAX_PERFORMANCE: "GPU", P.PREFER_NPU: "NPU"}.get(
+                opts._policy,
+                "NPU" if opts._policy in (P.MAX_EFFICIENCY, P.MIN_OVERALL_POWER) else "",
+            )
+            chosen = [d for d in devices if kind and d.device.type.name == kind]
+            chosen += [d for d in devices if d.ep_name == CPU_EP]
+        by_ep: dict[str, list[EpDevice]] = {}
+        for d in chosen:
+            by_ep.setdefault(d.ep_name, []).append(d.ep_device)
+        return [(name, {}, devs) for name, devs in by_ep.items()]
 
     # building -----------------------------------------------------------------------------------
     def _save_optimized_model(self, proto: ModelProto) -> None:
@@ -398,21 +439,64 @@ class InferenceSession:
     def get_session_options(self) -> SessionOptions:
         return self._sess_options
 
-    def get_provider_graph_assignment_info(self) -> list[dict[str, str]]:
-        """Which provider runs each node (copy nodes included), subgraphs flattened.
+    def get_provider_graph_assignment_info(self) -> list[OrtEpAssignedSubgraph]:
+        """Which provider runs each node (copy nodes included, subgraphs flattened): one
+        ``OrtEpAssignedSubgraph`` (``ep_name``, ``get_nodes()``) per node, as onnxruntime
+        reports its kernel-based providers.
 
         onnxruntime requires ``session.record_ep_graph_assignment_info=1``; we always record.
         """
         return [
-            {"graph": g, "node_name": n, "op_type": op, "ep": ep}
-            for g, n, op, ep in self._assignment
+            OrtEpAssignedSubgraph(ep, [OrtEpAssignedNode(n, op, dom, g)])
+            for g, n, op, ep, dom in self._assignment
         ]
 
     def get_ep_graph_assignment_summary(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for _, _, _, ep in self._assignment:
+        for _, _, _, ep, _ in self._assignment:
             out[ep] = out.get(ep, 0) + 1
         return out
+
+    def _memory_info_of(self, device: Device | None) -> OrtMemoryInfo:
+        if device is None or device.is_cpu and not device.vendor_id:
+            return OrtMemoryInfo.of(CPU_MEMORY)
+        for d in self._env.registry.ep_devices():
+            for mi in (d.memory_info, d.host_accessible_memory_info):
+                if mi is not None and mi.device == device:
+                    return OrtMemoryInfo.of(mi)
+        return OrtMemoryInfo.of(Environment.memory_info_for(None, device))
+
+    def _output_devices(self) -> list[Device | None]:
+        plan = self._runner.plan
+        where: dict[int, Device | None] = dict(zip(plan.feed_slots, plan.feed_devices))
+        for step in plan.steps:
+            where.update(zip(step.out_slots, step.out_devices))
+        return [where.get(s) for s in plan.output_slots]
+
+    def get_input_memory_infos(self) -> list[OrtMemoryInfo]:
+        """Where each input (``get_inputs()`` order) is wanted by the nodes that read it."""
+        return [self._memory_info_of(self._input_device(vi.name)) for vi in self._user_inputs]
+
+    def get_output_memory_infos(self) -> list[OrtMemoryInfo]:
+        """Where each output is produced."""
+        return [self._memory_info_of(d) for d in self._output_devices()]
+
+    def get_input_epdevices(self) -> list[OrtEpDevice | None]:
+        """The EP device whose memory each input is wanted in (None: any)."""
+        out: list[OrtEpDevice | None] = []
+        for vi in self._user_inputs:
+            dev = self._input_device(vi.name) or CPU
+            match = [
+                ep.ep_device
+                for ep in self._eps
+                if ep.ep_device is not None and ep.ep_device.memory_info.device == dev
+            ]
+            out.append(OrtEpDevice(match[0]) if match else None)
+        return out
+
+    def _input_device(self, name: str) -> Device | None:
+        i = self._feed_index.get(name)
+        return self._feed_devices[i] if i is not None and i < len(self._feed_devices) else None
 
     def set_providers(
         self,

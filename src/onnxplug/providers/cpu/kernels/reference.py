@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry
+from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, node_seed
 
 _DOMAIN_MODULES = {
     "": "onnx.reference.ops._op_list",
@@ -25,6 +25,17 @@ _DOMAIN_MODULES = {
 }
 # Ops the host implements itself (subgraphs are executed by the runtime, not the reference).
 _SKIP = {("", "If"), ("", "Loop"), ("", "Scan")}
+# Random ops whose unseeded draws take onnxplug.set_seed's seed.
+_RANDOM = {
+    ("", op)
+    for op in (
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Bernoulli",
+    )
+}
 # Ops that read only their input's shape: the input is never copied to the host for them.
 _SHAPE_ONLY = {("", "Shape"), ("", "Size")}
 
@@ -64,6 +75,11 @@ class ReferenceKernel(Kernel):
             )
         opsets = dict(node_opsets(info))
         self.op = self.op_class(node.proto, _run_params(opsets))
+        if (info.domain, info.op_type) in _RANDOM and info.attr("seed") is None:
+            seed = node_seed()  # onnxplug.set_seed's, read like onnxruntime at kernel creation
+            if seed is not None:
+                self.op.seed = float(seed)
+                self.op.attributes_names_ = [*self.op.attributes_names_, "seed"]
 
     def compute(self, ctx: KernelContext) -> None:
         res = self.op.run(*ctx.inputs)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
+from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, node_seed, shapes
 
 from ._util import frozen, ints
 
@@ -328,7 +328,7 @@ class Dropout(Kernel):
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
-        self.seed = info.attr("seed")
+        self.seed = node_seed(info.attr("seed"))
 
     def compute(self, ctx: KernelContext) -> None:
         x, ratio, training = ctx.input(0), ctx.input(1), ctx.input(2)
