@@ -503,7 +503,6 @@ class SparseTensor:
             )
         return cls(OrtSparseFormat.ORT_SPARSE_CSRC, dense_shape, vals, (inner, outer))
 
-    @property
     def format(self) -> OrtSparseFormat:
         return self._format
 
