@@ -205,3 +205,137 @@ def test_free_dimension_override_changes_reported_shapes(relu):
     theirs, ours = both(script)
     assert ours == theirs
     assert ours[0] == [4, 3] and "Expected: 4" in ours[2]
+
+
+# 4. options that must not be silently ignored -------------------------------------------------
+
+
+def _gelu_block() -> tuple[bytes, np.ndarray]:
+    """MatMul + bias + erf-Gelu + residual + LayerNormalization: fused at level >= 2."""
+    rng = np.random.default_rng(0)
+    h = 8
+    consts = {
+        "w": rng.standard_normal((h, h)),
+        "b": rng.standard_normal(h),
+        "sqrt2": np.sqrt(2.0),
+        "one": 1.0,
+        "half": 0.5,
+        "gamma": rng.standard_normal(h),
+        "beta": rng.standard_normal(h),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["a"]),
+        helper.make_node("Div", ["a", "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["e1"]),
+        helper.make_node("Mul", ["a", "e1"], ["m"]),
+        helper.make_node("Mul", ["m", "half"], ["g"]),
+        helper.make_node("Add", ["g", "x"], ["r"]),
+        helper.make_node("LayerNormalization", ["r", "gamma", "beta"], ["y"], epsilon=1e-5),
+    ]
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in consts.items()]
+    model = _model(nodes, [_tv("x", ["b", 4, h])], [_tv("y", ["b", 4, h])], inits)
+    return model, rng.standard_normal((2, 4, h)).astype(np.float32)
+
+
+@pytest.mark.parametrize("level", ["ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"])
+def test_optimized_model_filepath_writes_the_optimized_model(tmp_path, level):
+    model, x = _gelu_block()
+    ref = ort.InferenceSession(model, providers=[CPU]).run(None, {"x": x})[0]
+    so = ox.SessionOptions()
+    so.graph_optimization_level = getattr(ox.GraphOptimizationLevel, level)
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ox.InferenceSession(model, so, providers=[CPU])
+    saved = onnx.load(so.optimized_model_filepath)
+    ops = [n.op_type for n in saved.graph.node]
+    if level == "ORT_ENABLE_BASIC":
+        assert "Erf" in ops
+    else:
+        assert "Erf" not in ops and "SkipLayerNormalization" in ops, ops
+    got = ox.InferenceSession(so.optimized_model_filepath, providers=[CPU]).run(None, {"x": x})
+    np.testing.assert_allclose(got[0], ref, rtol=1e-4, atol=1e-5)
+    if all(n.domain in ("", "com.microsoft") for n in saved.graph.node):
+        # only onnxruntime's own ops: onnxruntime loads it too
+        theirs = ort.InferenceSession(so.optimized_model_filepath, providers=[CPU])
+        np.testing.assert_allclose(theirs.run(None, {"x": x})[0], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_optimized_model_with_external_initializers(tmp_path):
+    model, x = _gelu_block()
+    so = ox.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    so.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", "opt.data"
+    )
+    so.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", "16"
+    )
+    ox.InferenceSession(model, so, providers=[CPU])
+    assert (tmp_path / "opt.data").stat().st_size > 0
+    a = ox.InferenceSession(model, providers=[CPU]).run(None, {"x": x})[0]
+    b = ox.InferenceSession(so.optimized_model_filepath, providers=[CPU]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    so.optimized_model_filepath = str(tmp_path / "opt.ort")
+    with pytest.raises(errors.InvalidArgument, match="ONNX models only"):
+        ox.InferenceSession(model, so, providers=[CPU])
+
+
+def test_intra_op_num_threads_bounds_blas_threads(monkeypatch):
+    """While a run of a session with intra_op_num_threads=1 is in progress, numpy's BLAS
+    uses one thread; afterwards it has its own count back."""
+    from threadpoolctl import threadpool_info
+
+    from onnxplug.providers.cpu.kernels import cpu_registry
+
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    if not blas or blas[0]["num_threads"] < 2:
+        pytest.skip("numpy's BLAS runs one thread here anyway")
+    before = blas[0]["num_threads"]
+    _, matmul = cpu_registry().lookup("MatMul", "", 13)
+    seen: list[int] = []
+    compute = matmul.compute
+
+    def observed(self, ctx):
+        seen.append(next(i for i in threadpool_info() if i["user_api"] == "blas")["num_threads"])
+        compute(self, ctx)
+
+    monkeypatch.setattr(matmul, "compute", observed)
+    m = _model(
+        [helper.make_node("MatMul", ["x", "x"], ["y"])], [_tv("x", [4, 4])], [_tv("y", [4, 4])]
+    )
+    x = np.eye(4, dtype=np.float32)
+    so = ox.SessionOptions()
+    so.intra_op_num_threads = 1
+    ox.InferenceSession(m, so, providers=[CPU]).run(None, {"x": x})
+    ox.InferenceSession(m, providers=[CPU]).run(None, {"x": x})
+    assert seen == [1, before]
+    assert next(i for i in threadpool_info() if i["user_api"] == "blas")["num_threads"] == before
+
+
+def test_parallel_execution_mode_says_it_runs_sequentially(relu, capsys):
+    so = ox.SessionOptions()
+    so.execution_mode = ox.ExecutionMode.ORT_PARALLEL
+    so.inter_op_num_threads = 2
+    s = ox.InferenceSession(relu, so, providers=[CPU])
+    assert s.run(None, {"x": np.ones((1, 3), np.float32)})[0].shape == (1, 3)
+    err = capsys.readouterr().err
+    assert "[W:onnxplug:" in err and "ORT_PARALLEL" in err
+
+
+def test_log_lines_as_onnxruntime_prints_them(relu, capfd):
+    """Both print '<time> [<severity letter>:<runtime>:<logid>, <where>] <message>' lines on
+    stderr at verbose severity."""
+    for rt in (ort, ox):
+        so = rt.SessionOptions()
+        so.log_severity_level = 0
+        so.logid = "mine"
+        rt.InferenceSession(relu, so, providers=[CPU])
+    err = capfd.readouterr().err
+    assert "[V:onnxruntime:mine, " in err or "[I:onnxruntime:mine, " in err
+    assert "[V:onnxplug:mine, " in err and "[I:onnxplug:mine, " in err
+    so = ox.SessionOptions()
+    so.log_severity_level = 0
+    so.log_verbosity_level = 1
+    ox.InferenceSession(relu, so, providers=[CPU])
+    assert "graph optimization" in capfd.readouterr().err

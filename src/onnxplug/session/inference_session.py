@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,7 @@ from .devices import (
     OrtMemoryInfo,
 )
 from .environment import Environment, get_environment
-from .options import RunOptions, SessionOptions
+from .options import ExecutionMode, RunOptions, SessionOptions
 from .value import OrtValue, to_numpy, unwrap
 
 CPU_EP = "CPUExecutionProvider"
@@ -129,11 +130,26 @@ class InferenceSession:
                 "a run may override them, so they are not treated as constants",
             )
         self._outputs = list(graph.outputs)
+        if self._sess_options.execution_mode == ExecutionMode.ORT_PARALLEL:
+            self._log(
+                logging.WARNING,
+                "execution_mode ORT_PARALLEL: onnxplug runs nodes one after another "
+                "(ORT_SEQUENTIAL); inter_op_num_threads has no threads to bound",
+            )
         self._eps = self._create_eps(providers, provider_options)
         cpu = next((ep for ep in self._eps if ep.name == CPU_EP), None)
         folder = make_constant_folder(cpu) if cpu is not None else None
         registries = [ep.get_kernel_registry() for ep in self._eps]
+        before = _op_counts(graph)
         optimize(graph, int(self._sess_options.graph_optimization_level), folder, registries)
+        if max(self._sess_options.log_verbosity_level, log.default_verbosity()) >= 1:
+            after = _op_counts(graph)
+            self._log(
+                logging.DEBUG,
+                f"graph optimization (level {int(self._sess_options.graph_optimization_level)}):"
+                f" {sum(before.values())} -> {sum(after.values())} nodes; removed "
+                f"{dict(before - after)}, added {dict(after - before)}",
+            )
         self._save_optimized_model(proto)
         self._build()
         self._log(
@@ -185,6 +201,8 @@ class InferenceSession:
                 )
             requests = [(CPU_EP, {}, None)]
         config = dict(opts._config)
+        if opts.intra_op_num_threads:  # providers bound their threads (the CPU's BLAS)
+            config.setdefault("session.intra_op_num_threads", str(opts.intra_op_num_threads))
         fallback_off = config.get("session.disable_cpu_ep_fallback", "0") == "1"
         strict = fallback_off or config.get(STRICT_PROVIDERS_KEY, "0") == "1"
         usable: list[tuple[str, dict[str, str], list[EpDevice] | None, Any]] = []
@@ -805,6 +823,11 @@ def _from_python(name: str, value: Any, dt: np.dtype | None) -> np.ndarray:
             f"expected: (tensor({_type_name(dt)})) for input '{name}'"
         )
     return arr.astype(dt)
+
+
+def _op_counts(graph: Graph) -> Counter[str]:
+    """Nodes per op type (domain-qualified outside the default domain)."""
+    return Counter(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in graph.nodes)
 
 
 def _provider_requests(
