@@ -185,11 +185,18 @@ def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
 _STANDARD_DOMAINS = frozenset({"", "ai.onnx.ml"})
 
 
+# Ops onnxruntime registers in the default domain at version 1 and writes into the models its
+# optimizer saves (LayerNormalization before ONNX had it at opset 17; RMS normalization).
+_ORT_DEFAULT_DOMAIN_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
+
+
 def _resolve_since_version(op_type: str, domain: str, opset: int, where: str) -> int:
     """The schema version a node of ``opset`` resolves to (its kernel lookup key)."""
     try:
         schema = onnx.defs.get_schema(op_type, opset, domain)
     except Exception:
+        if domain == "" and op_type in _ORT_DEFAULT_DOMAIN_OPS:
+            return 1  # onnxruntime's own op, written in the default domain: kernels decide
         if domain in _STANDARD_DOMAINS:
             raise InvalidGraph(
                 f"{where}: no op {op_type} is registered in domain "
