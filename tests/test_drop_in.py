@@ -339,3 +339,103 @@ def test_log_lines_as_onnxruntime_prints_them(relu, capfd):
     so.log_verbosity_level = 1
     ox.InferenceSession(relu, so, providers=[CPU])
     assert "graph optimization" in capfd.readouterr().err
+
+
+# 6. kernel validation as strict as onnxruntime's ----------------------------------------------
+
+
+def _outcome(rt, model: bytes, feeds: dict) -> tuple[str, Any]:
+    """('ok', output shapes) or (error class name, message) of one run."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = rt.InferenceSession(model, providers=[CPU]).run(None, feeds)
+        noise = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        return "ok", ([o.shape for o in out], noise)
+    except Exception as e:
+        return type(e).__name__, str(e)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("state_batch", [1, 3])
+def test_recurrent_initial_state_batch_must_match(op, state_batch):
+    gates, hidden, batch = {"RNN": 1, "GRU": 3, "LSTM": 4}[op], 3, 2
+    names = ["X", "W", "R", "", "", "h0"] + (["c0"] if op == "LSTM" else [])
+    feeds = {
+        "X": np.ones((4, batch, 2), np.float32),
+        "W": np.ones((1, gates * hidden, 2), np.float32),
+        "R": np.ones((1, gates * hidden, hidden), np.float32),
+        "h0": np.zeros((1, state_batch, hidden), np.float32),
+    }
+    if op == "LSTM":
+        feeds["c0"] = np.zeros((1, state_batch, hidden), np.float32)
+    node = helper.make_node(op, names, ["Y", "Yh"], hidden_size=hidden)
+    model = _model([node], [_tv(k, None) for k in feeds], [_tv("Y", None), _tv("Yh", None)])
+    theirs, ours = both(lambda rt: _outcome(rt, model, feeds))
+    assert theirs[0] == ours[0] == "Fail", (theirs, ours)
+    expect = f"Input initial_h must have shape {{1,{batch},{hidden}}}"
+    assert expect in theirs[1] and expect in ours[1]
+
+
+def test_average_pool_window_larger_than_the_padded_input():
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[5, 5], pads=[1, 1, 1, 1])
+    model = _model([node], [_tv("x", None)], [_tv("y", None)])
+    feeds = {"x": np.ones((1, 1, 2, 2), np.float32)}
+    theirs, ours = both(lambda rt: _outcome(rt, model, feeds))
+    assert ours == theirs == ("ok", ([(1, 1, 0, 0)], []))
+
+
+def test_reflect_pad_larger_than_the_input():
+    node = helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")
+    model = _model([node], [_tv("x", None), _tv("p", None, TensorProto.INT64)], [_tv("y", None)])
+    too_far = {"x": np.ones((2, 3), np.float32), "p": np.array([0, 4, 0, 0], np.int64)}
+    theirs, ours = both(lambda rt: _outcome(rt, model, too_far))
+    assert theirs[0] == ours[0] == "InvalidArgument"
+    assert "pre-pad (4) exceeds maximum allowed (2) for axis 1" in ours[1]
+    fits = {"x": np.ones((2, 3), np.float32), "p": np.array([1, 2, 1, 2], np.int64)}
+    theirs, ours = both(lambda rt: _outcome(rt, model, fits))
+    assert ours == theirs == ("ok", ([(4, 7)], []))
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs", "error"),
+    [
+        ("MaxPool", {"kernel_shape": [2, 2]}, "Fail"),
+        ("AveragePool", {"kernel_shape": [1, 1]}, "Fail"),
+        ("GlobalAveragePool", {}, "Fail"),
+        ("GlobalMaxPool", {}, "Fail"),
+        ("Conv", {}, "InvalidArgument"),
+    ],
+)
+def test_empty_spatial_inputs_are_invalid(op, attrs, error):
+    ins = ["x", "w"] if op == "Conv" else ["x"]
+    node = helper.make_node(op, ins, ["y"], **attrs)
+    feeds = {"x": np.ones((1, 1, 0, 3), np.float32)}
+    if op == "Conv":
+        feeds["w"] = np.ones((1, 1, 1, 1), np.float32)
+    model = _model([node], [_tv(k, None) for k in feeds], [_tv("y", None)])
+    theirs, ours = both(lambda rt: _outcome(rt, model, feeds))
+    assert theirs[0] == ours[0] == error, (theirs, ours)
+    assert "Invalid input shape" in theirs[1] and "Invalid input shape" in ours[1]
+    # an empty batch is fine
+    feeds["x"] = np.ones((0, 1, 4, 4), np.float32)
+    assert _outcome(ox, model, feeds)[0] == _outcome(ort, model, feeds)[0] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("op", "x", "opset"),
+    [
+        ("Softplus", [1000.0, -1000.0], OPSET),
+        ("Mish", [1000.0, -1000.0], 18),
+        ("LpNormalization", [[1e30, 1e30]], OPSET),
+        ("Selu", [-1000.0, 1e30], OPSET),
+        ("Hardmax", [[np.inf, 1.0]], OPSET),
+    ],
+)
+def test_reference_warnings_never_reach_the_user(op, x, opset):
+    model = _model(
+        [helper.make_node(op, ["x"], ["y"])], [_tv("x", None)], [_tv("y", None)], opset=opset
+    )
+    feeds = {"x": np.array(x, np.float32)}
+    status, (_, noise) = _outcome(ox, model, feeds)
+    assert status == "ok" and noise == []
