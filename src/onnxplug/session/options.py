@@ -242,9 +242,10 @@ class SessionOptions:
 
 
 class RunOptions:
-    """Options of one run (``onnxruntime.RunOptions``). ``terminate`` set from another
-    thread stops a run in progress. Setting an attribute that onnxruntime's RunOptions does
-    not have raises AttributeError, as there."""
+    """Options of one run (``onnxruntime.RunOptions``). A run whose ``terminate`` is set
+    fails with onnxruntime's "Exiting due to terminate flag" (the executor decides where it
+    checks). Setting an attribute that onnxruntime's RunOptions does not have raises
+    AttributeError, as there."""
 
     __slots__ = (
         "_config",
