@@ -51,7 +51,6 @@ LEFT_OUT = {
     "session's runs",
     "InferenceSession.get_tuning_results": "TunableOp results (ROCm/CUDA kernel autotuning)",
     "InferenceSession.set_tuning_results": "TunableOp results (ROCm/CUDA kernel autotuning)",
-    "InferenceSession.release_captured_graph": "CUDA graphs are not captured yet",
     "InferenceSession.set_ep_dynamic_options": "no provider has options that change after "
     "the session is made",
     "InferenceSession.create_ortvalue_from_shape_and_type": "OrtValue.ortvalue_from_shape_and_type "

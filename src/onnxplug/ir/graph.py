@@ -401,6 +401,7 @@ def _refine_outputs(g: Graph, gp: GraphProto) -> None:
         t, it = vi.type, inferred.get(vi.name)
         if it is None or t.kind != "tensor" or it.kind != "tensor" or it.shape is None:
             continue
+        shape: tuple[int | str | None, ...]
         if t.shape is None:  # onnx names the dims it cannot size ('unk__0'): unknown here
             shape = tuple(i if isinstance(i, int) else None for i in it.shape)
         elif len(t.shape) == len(it.shape):

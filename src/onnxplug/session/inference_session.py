@@ -157,7 +157,7 @@ class InferenceSession:
             f"session for '{self._model_path or proto.graph.name}': providers "
             f"{self.get_providers()}, nodes per provider {self.get_ep_graph_assignment_summary()}",
         )
-        for g, node, op, ep, _ in self._assignment:
+        for g, node, op, ep in self._assignment:
             self._log(logging.DEBUG, f"graph '{g}': {op} node '{node}' runs on {ep}")
 
     def _log(self, level: int, message: str) -> None:
@@ -179,8 +179,9 @@ class InferenceSession:
         """
         opts = self._sess_options
         registry = self._env.registry
+        requests: list[tuple[str, dict[str, str], Any]]
         if providers is not None:
-            requests = _provider_requests(providers, provider_options)
+            requests = list(_provider_requests(providers, provider_options))
         else:
             requests = opts.get_provider_entries() or self._policy_requests()
         first: dict[str, Any] = {}
@@ -396,7 +397,9 @@ class InferenceSession:
         ]
         self._output_names = [vi.name for vi in self._outputs]
         self._output_index = {n: i for i, n in enumerate(self._output_names)}
-        self._assignment = ctx.records
+        # (graph, node, op, ep) of every step, and each node's domain
+        self._assignment = [r[:4] for r in ctx.records]
+        self._assignment_domains = [r[4] for r in ctx.records]
         runner = self._runner
         runner.plan.plan_outputs = True  # run() copies the outputs out: they live in the plan
         runner.profiling = bool(self._sess_options.enable_profiling)
@@ -466,12 +469,12 @@ class InferenceSession:
         """
         return [
             OrtEpAssignedSubgraph(ep, [OrtEpAssignedNode(n, op, dom, g)])
-            for g, n, op, ep, dom in self._assignment
+            for (g, n, op, ep), dom in zip(self._assignment, self._assignment_domains)
         ]
 
     def get_ep_graph_assignment_summary(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for _, _, _, ep, _ in self._assignment:
+        for _, _, _, ep in self._assignment:
             out[ep] = out.get(ep, 0) + 1
         return out
 

@@ -35,6 +35,24 @@ class ExecutionOrder(IntEnum):
     MEMORY_EFFICIENT = 2
 
 
+class _Checked:
+    """An option attribute whose value ``check(value, name)`` validates (and normalizes)
+    when it is set; kept in the instance's slot ``_<name>``."""
+
+    def __init__(self, check: Any):
+        self.check = check
+        self.name = self.slot = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.slot = name, f"_{name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.slot)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj, self.slot, self.check(value, self.name))
+
+
 class SessionOptions:
     """Options of an InferenceSession (``onnxruntime.SessionOptions``).
 
@@ -83,6 +101,12 @@ class SessionOptions:
         "use_deterministic_compute",
         "use_per_session_threads",
     )
+    graph_optimization_level = _Checked(lambda v, n: _enum(GraphOptimizationLevel, v, n))
+    execution_mode = _Checked(lambda v, n: _enum(ExecutionMode, v, n))
+    intra_op_num_threads = _Checked(lambda v, n: _count(v, n))
+    inter_op_num_threads = _Checked(lambda v, n: _count(v, n))
+    log_severity_level = _Checked(lambda v, n: _severity(v, n))
+    log_verbosity_level = _Checked(lambda v, n: _count(v, n))
 
     def __init__(self) -> None:
         self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -108,56 +132,6 @@ class SessionOptions:
         self._free_dims_by_denotation: dict[str, int] = {}
         self._policy: Any = None
         self._policy_delegate: Any = None
-
-    @property
-    def graph_optimization_level(self) -> GraphOptimizationLevel:
-        return self._graph_optimization_level
-
-    @graph_optimization_level.setter
-    def graph_optimization_level(self, level: Any) -> None:
-        self._graph_optimization_level = _enum(
-            GraphOptimizationLevel, level, "graph_optimization_level"
-        )
-
-    @property
-    def execution_mode(self) -> ExecutionMode:
-        return self._execution_mode
-
-    @execution_mode.setter
-    def execution_mode(self, mode: Any) -> None:
-        self._execution_mode = _enum(ExecutionMode, mode, "execution_mode")
-
-    @property
-    def intra_op_num_threads(self) -> int:
-        return self._intra_op_num_threads
-
-    @intra_op_num_threads.setter
-    def intra_op_num_threads(self, n: Any) -> None:
-        self._intra_op_num_threads = _count(n, "intra_op_num_threads")
-
-    @property
-    def inter_op_num_threads(self) -> int:
-        return self._inter_op_num_threads
-
-    @inter_op_num_threads.setter
-    def inter_op_num_threads(self, n: Any) -> None:
-        self._inter_op_num_threads = _count(n, "inter_op_num_threads")
-
-    @property
-    def log_severity_level(self) -> int:
-        return self._log_severity_level
-
-    @log_severity_level.setter
-    def log_severity_level(self, level: Any) -> None:
-        self._log_severity_level = _severity(level, "log_severity_level")
-
-    @property
-    def log_verbosity_level(self) -> int:
-        return self._log_verbosity_level
-
-    @log_verbosity_level.setter
-    def log_verbosity_level(self, level: Any) -> None:
-        self._log_verbosity_level = _count(level, "log_verbosity_level")
 
     # config entries ----------------------------------------------------------------------------
     def add_session_config_entry(self, key: str, value: str) -> None:
@@ -256,6 +230,8 @@ class RunOptions:
         "synchronize_execution_providers",
         "terminate",
     )
+    log_severity_level = _Checked(lambda v, n: _severity(v, n))
+    log_verbosity_level = _Checked(lambda v, n: _count(v, n))
 
     def __init__(self) -> None:
         self.log_severity_level = -1
@@ -265,22 +241,6 @@ class RunOptions:
         self.only_execute_path_to_fetches = False
         self.synchronize_execution_providers = True
         self._config: dict[str, str] = {}
-
-    @property
-    def log_severity_level(self) -> int:
-        return self._log_severity_level
-
-    @log_severity_level.setter
-    def log_severity_level(self, level: Any) -> None:
-        self._log_severity_level = _severity(level, "log_severity_level")
-
-    @property
-    def log_verbosity_level(self) -> int:
-        return self._log_verbosity_level
-
-    @log_verbosity_level.setter
-    def log_verbosity_level(self, level: Any) -> None:
-        self._log_verbosity_level = _count(level, "log_verbosity_level")
 
     def add_run_config_entry(self, key: str, value: str) -> None:
         self._config[key] = str(value)

@@ -277,7 +277,7 @@ class SVMClassifier(Kernel):
         votes = None
         if self.n_vectors:
             k = _svm_kernel(x, self.sv, self.kind, self.params)
-            pairs = []
+            pairs: list[np.ndarray] = []
             votes = np.zeros((n, c))
             rows = np.arange(n)
             for i in range(c):

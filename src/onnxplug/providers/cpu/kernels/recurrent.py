@@ -36,7 +36,7 @@ class _CheckedRecurrent(ReferenceKernel):
         gates = GATES[self.info.op_type]
         hidden = self.hidden or (w.shape[1] // gates if w is not None else 0)
         d = self.directions
-        expect = {3: ("B", (d, 2 * gates * hidden))}
+        expect: dict[int, tuple[str, tuple[int, ...]]] = {3: ("B", (d, 2 * gates * hidden))}
         state = (batch, d, hidden) if self.batch_first else (d, batch, hidden)
         expect[5] = ("initial_h", state)
         if self.info.op_type == "LSTM":
