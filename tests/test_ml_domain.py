@@ -33,6 +33,8 @@ from sklearn import (  # noqa: E402
 from sklearn.datasets import load_diabetes, load_iris  # noqa: E402
 
 CPU = ["CPUExecutionProvider"]
+# scikit-learn 1.9 deprecates SVC(probability=True); the converted model is what is tested
+pytestmark = pytest.mark.filterwarnings("ignore:The `probability` parameter:FutureWarning")
 ML_OPSETS = [3, 5]  # TreeEnsemble* with and without the tensor attributes; TreeEnsemble (5)
 
 
