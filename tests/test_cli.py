@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -193,16 +194,19 @@ def test_traceback_flag_reraises(add_model):
         main(["--traceback", "run", str(add_model), "--provider", "NoSuchExecutionProvider"])
 
 
-def test_usage_errors_exit_2(capsys):
+def test_usage_errors_exit_as_the_readme_says(capsys):
+    # README: "Errors print one line (`onnxplug: error: ...`) and exit with status 1"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "Errors print one line (`onnxplug: error: ...`) and exit with status 1" in readme
     with pytest.raises(SystemExit) as e:
         main([])
-    assert e.value.code == 2
+    assert e.value.code == 1
     assert "required: COMMAND" in _one_error_line(capsys.readouterr().err)
     with pytest.raises(SystemExit) as e:
         main(["run", "model.onnx", "--runs", "many"])
-    assert e.value.code == 2
-    line = capsys.readouterr().err.strip()
-    assert "\n" not in line and line.startswith("onnxplug run: error: argument --runs")
+    assert e.value.code == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert "argument --runs" in line and "see 'onnxplug run --help'" in line
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0
@@ -443,3 +447,69 @@ def test_run_memory_plot_without_an_arena(capsys, add_model, tmp_path):
     assert rc == 0, err
     assert "memory plot: not written, the session has no device arena" in out
     assert not (tmp_path / "m.png").exists()
+
+
+@pytest.fixture
+def unnamed_dims_model(tmp_path):
+    """x: [-1, ?, 3] (PaddlePaddle's -1 and an unnamed dim), s: ['batch', 2]."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, None, 3])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 2])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["s"], ["t"])],
+        "dims",
+        [x, s],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("t", TensorProto.FLOAT, None),
+        ],
+    )
+    path = tmp_path / "dims.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_run_says_which_dims_it_defaulted(capsys, unnamed_dims_model):
+    rc, out, err = run_cli(capsys, "run", str(unnamed_dims_model), "--runs", "0")
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("dims not given, set to 1"))
+    assert "x:0 (unnamed: --dim x:0=N)" in line and "x:1 (unnamed: --dim x:1=N)" in line
+    assert "s:0 ('batch': --dim batch=N or --dim s:0=N)" in line
+
+
+def test_dim_by_input_and_axis(capsys, unnamed_dims_model):
+    rc, out, err = run_cli(
+        capsys,
+        "run",
+        str(unnamed_dims_model),
+        "--runs",
+        "0",
+        "--dim",
+        "x:0=4",
+        "--dim",
+        "x:-2=5",
+        "--dim",
+        "batch=2",
+    )
+    assert rc == 0, err
+    assert "feed   x: random, shape [4, 5, 3]" in out and "feed   s: random, shape [2, 2]" in out
+    assert "dims not given" not in out
+    for bad, why in [
+        ("x:2=4", "axis 2 of input 'x' is fixed at 3"),
+        ("x:3=4", "input 'x' has 3 axes"),
+        ("nope:0=4", "the model has no input 'nope'"),
+        ("seq=4", "no dimension named 'seq'"),
+    ]:
+        rc, _, err = run_cli(capsys, "run", str(unnamed_dims_model), "--dim", bad)
+        assert rc == 1 and why in _one_error_line(err), (bad, err)
+
+
+def test_conformance_shows_progress_on_a_terminal(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    rc, out, err = run_cli(capsys, "conformance", "--pattern", "^test_relu$|^test_abs$")
+    assert rc == 0
+    assert "\r  2/2 cases, 2 passed" in err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    rc, out, err = run_cli(capsys, "conformance", "--pattern", "^test_relu$")
+    assert "cases," not in err  # a log file gets no progress line

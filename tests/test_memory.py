@@ -364,7 +364,7 @@ def test_cuda_arena_options_and_stats(sim):
 
 
 def sim_mi(factory):
-    return next(d.memory_info for d in ox.get_ep_devices() if d.factory is factory)
+    return next(d.memory_info for d in _raw_devices() if d.factory is factory)
 
 
 @pytest.mark.parametrize(
@@ -495,9 +495,7 @@ def test_shared_arenas_are_per_device_ordinal():
         del sess
         assert s0.get_allocator_stats()["cudasim:0"]["Limit"] == 64 * MiB
         assert s1.get_allocator_stats()["cudasim:1"]["Limit"] == 32 * MiB
-        mis = {
-            d.memory_info.device.id: d.memory_info for d in ox.get_ep_devices() if d.ep_name == SIM
-        }
+        mis = {d.memory_info.device.id: d.memory_info for d in _raw_devices() if d.ep_name == SIM}
         a0, a1 = factory.shared_allocator(mis[0]), factory.shared_allocator(mis[1])
         assert a0 is not a1
         del s1
@@ -546,3 +544,10 @@ def test_a_dropped_session_frees_its_device_memory_without_the_garbage_collector
         assert keep.get_allocator_stats()[dev]["InUse"] == base
     finally:
         gc.enable()
+
+
+def _raw_devices() -> list:
+    """The plugins' EP devices themselves (``get_ep_devices`` returns onnxruntime's views)."""
+    from onnxplug.session.environment import get_environment
+
+    return get_environment().registry.ep_devices()

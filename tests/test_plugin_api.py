@@ -114,8 +114,8 @@ def test_unregistered_provider_is_gone():
     with registered(vd.NAME, VIRT_FACTORY):
         assert vd.NAME in ox.get_available_providers()
     assert vd.NAME not in ox.get_available_providers()
-    with pytest.raises(ox.errors.InvalidArgument, match=f"Unknown execution provider '{vd.NAME}'"):
-        relu_session([vd.NAME, CPU])
+    with pytest.warns(UserWarning, match=f"Unknown execution provider '{vd.NAME}'"):
+        assert relu_session([vd.NAME, CPU]).get_providers() == [CPU]
 
 
 @pytest.mark.parametrize(
@@ -144,7 +144,7 @@ def test_a_failed_override_of_the_builtin_cpu_provider_keeps_it(entry_points):
     with pytest.raises(ox.errors.Fail, match="'CPUExecutionProvider'.*No module named"):
         reg.register(CPU, f"{PKG}.no_such_module:create_factory")
     factory, why = reg.find_factory(CPU)
-    assert factory is not None and why is None
+    assert factory is not None and why == ""
     assert reg.available_providers() == [CPU]
     # overriding it with a working plugin is allowed
     reg.register(CPU, f"{PKG}.bad_plugins:NewerPluginFactory")
@@ -179,13 +179,18 @@ def test_reregistering_uses_the_new_factory_for_memory_and_copies():
 def test_ep_devices_describe_the_plugin_device(virt):
     (dev,) = [d for d in ox.get_ep_devices() if d.ep_name == vd.NAME]
     assert dev.ep_vendor == vd.provider.VENDOR
-    assert dev.device.type == "NPU" and dev.device.vendor_id == vd.provider.VENDOR_ID
+    assert dev.device.type == ox.OrtHardwareDeviceType.NPU
+    assert dev.device.vendor_id == vd.provider.VENDOR_ID
     assert dev.ep_metadata == {"virt_device_id": "0"}
     assert dev.ep_options == {"device_id": "0"}
-    assert dev.memory_info.name == "Virt" and str(dev.memory_info.device) == "virt:0"
+    # onnxruntime's OrtEpDevice.memory_info(memory type) method
+    mem = dev.memory_info(ox.OrtDeviceMemoryType.DEFAULT)
+    assert mem.name == "Virt" and str(mem.device) == "virt:0" and mem.device_id == 0
     assert dev.factory is virt
     (cpu,) = [d for d in ox.get_ep_devices() if d.ep_name == CPU]
-    assert cpu.device.type == "CPU"
+    assert cpu.device.type == ox.OrtHardwareDeviceType.CPU
+    # the CPU provider has no memory of its own, as in onnxruntime
+    assert cpu.memory_info(ox.OrtDeviceMemoryType.DEFAULT) is None
 
 
 def test_add_provider_for_devices_passes_options_as_session_config(virt):

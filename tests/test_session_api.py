@@ -4,7 +4,7 @@ IOBinding and OrtValue, compared with the installed onnxruntime wherever both ha
 from __future__ import annotations
 
 import json
-import logging
+import re
 import threading
 from pathlib import Path
 
@@ -385,21 +385,23 @@ def test_enable_profiling(affine, x, tmp_path):
     assert ox.InferenceSession(affine.SerializeToString(), providers=CPU).end_profiling() == ""
 
 
-def test_log_severity_level(affine, caplog):
-    caplog.set_level(logging.DEBUG, logger="onnxplug")
+def test_log_severity_level(affine, capsys):
     so = ox.SessionOptions()
     so.log_severity_level = 0  # verbose: where every node runs
     so.logid = "sess-a"
     so.graph_optimization_level = ox.GraphOptimizationLevel.ORT_ENABLE_BASIC  # MatMul unfused
     ox.InferenceSession(affine.SerializeToString(), so, providers=CPU)
-    verbose = [r.getMessage() for r in caplog.records if r.name == "onnxplug"]
+    # onnxruntime's lines on stderr: '<time> [V:onnxplug:sess-a, file.py:12 function] message'
+    verbose = capsys.readouterr().err.splitlines()
     assert any("MatMul node" in m and "CPUExecutionProvider" in m for m in verbose)
-    assert all(m.startswith("[sess-a] ") for m in verbose)
-    caplog.clear()
+    assert verbose and all(
+        re.fullmatch(r"\d{4}-\d\d-\d\d [\d:.]+ \[[VIWEF]:onnxplug:sess-a, \S+:\d+ \w+\] .+", m)
+        for m in verbose
+    ), verbose
     so = ox.SessionOptions()
     so.log_severity_level = 3  # errors only
     ox.InferenceSession(affine.SerializeToString(), so, providers=CPU)
-    assert not [r for r in caplog.records if r.name == "onnxplug"]
+    assert capsys.readouterr().err == ""
 
 
 def test_run_options(affine, x):
@@ -434,7 +436,7 @@ def test_set_providers_rebuilds(affine, x):
 def test_providers_with_options_and_unknown_provider(affine):
     s = ox.InferenceSession(affine.SerializeToString(), providers=[("CPUExecutionProvider", {})])
     assert s.get_providers() == CPU
-    with pytest.raises(errors.InvalidArgument, match="NopeExecutionProvider"):
+    with pytest.warns(UserWarning, match="NopeExecutionProvider"):
         ox.InferenceSession(affine.SerializeToString(), providers=["NopeExecutionProvider"])
     with pytest.raises(errors.InvalidArgument, match="provider_options has 2 entries for 1"):
         ox.InferenceSession(affine.SerializeToString(), providers=CPU, provider_options=[{}, {}])

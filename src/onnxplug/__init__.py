@@ -12,16 +12,32 @@ from __future__ import annotations
 from typing import Any
 
 from . import capi, errors
-from .ep.api import API_VERSION, EpDevice
+from .ep.api import API_VERSION
 from .ep.loader import REGISTRY as _REGISTRY
+from .framework import seed as _seed
+from .session import log as _log
+from .session.devices import (
+    OrtAllocatorType,
+    OrtDevice,
+    OrtDeviceMemoryType,
+    OrtDeviceVendorId,
+    OrtEpAssignedNode,
+    OrtEpAssignedSubgraph,
+    OrtEpDevice,
+    OrtExecutionProviderDevicePolicy,
+    OrtHardwareDevice,
+    OrtHardwareDeviceType,
+    OrtMemoryInfo,
+    OrtMemoryInfoDeviceType,
+    OrtMemType,
+    OrtSparseFormat,
+    SparseTensor,
+)
 from .session.environment import get_environment as _get_environment
 from .session.inference_session import InferenceSession, ModelMetadata, NodeArg
 from .session.io_binding import IOBinding, SessionIOBinding
 from .session.memory import (
-    OrtAllocatorType,
     OrtArenaCfg,
-    OrtMemoryInfo,
-    OrtMemType,
     create_and_register_allocator,
     create_and_register_allocator_v2,
 )
@@ -35,8 +51,8 @@ from .session.options import (
 from .session.value import OrtValue, Value
 
 __version__ = "0.1.0"
-
-OrtEpDevice = EpDevice
+version = __version__
+package_name = "onnxplug"
 
 
 def get_available_providers() -> list[str]:
@@ -45,13 +61,13 @@ def get_available_providers() -> list[str]:
 
 
 def get_all_providers() -> list[str]:
-    """Every provider known to this installation, loaded or not."""
-    names = [lib.factory.name if lib.factory else lib.name for lib in _REGISTRY.libraries()]
-    return list(dict.fromkeys(names))
+    """onnxruntime's provider names and every plugin's, installed or not, CPU last."""
+    return _REGISTRY.all_providers()
 
 
-def get_ep_devices() -> list[EpDevice]:
-    return _REGISTRY.ep_devices()
+def get_ep_devices() -> list[OrtEpDevice]:
+    """Every (provider, device) pair the installed plugins offer."""
+    return [OrtEpDevice(d) for d in _REGISTRY.ep_devices()]
 
 
 def register_execution_provider_library(registration_name: str, path_or_target: str) -> None:
@@ -101,16 +117,26 @@ def get_build_info() -> str:
 
 
 def set_default_logger_severity(severity: int) -> None:
-    """Accepted for compatibility; onnxplug logs through Python's logging module."""
-    import logging
-
-    logging.getLogger("onnxplug").setLevel(
-        {0: 5, 1: 10, 2: 30, 3: 40, 4: 50}.get(int(severity), 30)
-    )
+    """The severity (0 verbose .. 4 fatal) printed by sessions whose log_severity_level is
+    -1 (the default) and by messages of no session."""
+    _log.set_default_severity(severity)
 
 
 def set_default_logger_verbosity(verbosity: int) -> None:
-    """Accepted for compatibility; verbose records go to the 'onnxplug' logger at DEBUG."""
+    """The default log verbosity, for sessions whose log_verbosity_level is 0."""
+    _log.set_default_verbosity(verbosity)
+
+
+def set_default_logger_callback(callback: Any, severity: int = 2) -> None:
+    """Send log lines to ``callback(severity, category, logid, code_location, message)``
+    instead of stderr (None: back to stderr); ``severity`` becomes the default severity."""
+    _log.set_callback(callback, severity)
+
+
+def set_seed(seed: int) -> None:
+    """The seed of random ops that have no ``seed`` attribute, read when a session creates
+    their kernels (as in onnxruntime)."""
+    _seed.set_seed(seed)
 
 
 def enable_telemetry_events() -> None:
@@ -136,13 +162,24 @@ __all__ = [
     "NodeArg",
     "OrtAllocatorType",
     "OrtArenaCfg",
+    "OrtDevice",
+    "OrtDeviceMemoryType",
+    "OrtDeviceVendorId",
+    "OrtEpAssignedNode",
+    "OrtEpAssignedSubgraph",
     "OrtEpDevice",
+    "OrtExecutionProviderDevicePolicy",
+    "OrtHardwareDevice",
+    "OrtHardwareDeviceType",
     "OrtMemType",
     "OrtMemoryInfo",
+    "OrtMemoryInfoDeviceType",
+    "OrtSparseFormat",
     "OrtValue",
     "RunOptions",
     "SessionIOBinding",
     "SessionOptions",
+    "SparseTensor",
     "Value",
     "add_environment_config_entry",
     "capi",
@@ -159,8 +196,15 @@ __all__ = [
     "get_ep_devices",
     "get_provider_load_errors",
     "get_version_string",
+    "package_name",
     "register_execution_provider_library",
+    "set_default_logger_callback",
     "set_default_logger_severity",
     "set_default_logger_verbosity",
+    "set_seed",
     "unregister_execution_provider_library",
+    "version",
 ]
+
+# onnxruntime.capi._pybind_state's counterpart re-exports the names above: imported last
+from .capi import _pybind_state as _pybind_state  # noqa: E402

@@ -36,7 +36,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line too (argparse prints the usage block first)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        # one line and status 1, like every other error (README: "The onnxplug command")
+        self.exit(1, f"onnxplug: error: {message} (see '{self.prog} --help')\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,17 +90,68 @@ def _dtype_of(type_str: str) -> np.dtype:
         raise CliError(f"cannot make random data for {type_str}: {e}") from None
 
 
-def concrete_shape(name: str, shape: Sequence[Any], dims: dict[str, int]) -> tuple[int, ...]:
-    """Declared shape with symbolic dims taken from ``--dim`` (default 1) and unknown dims 1."""
+def concrete_shape(
+    name: str,
+    shape: Sequence[Any],
+    dims: dict[str, int],
+    defaulted: list[str] | None = None,
+) -> tuple[int, ...]:
+    """Declared shape with its unfixed dims (symbolic, unnamed ``?`` or -1) taken from
+    ``--dim`` (by symbol ``batch=4`` or by input and axis ``x:0=4``), else 1; each dim that
+    fell back to 1 is described in ``defaulted``."""
     out = []
-    for d in shape:
+    for axis, d in enumerate(shape):
+        by_axis = f"{name}:{axis}"
         if isinstance(d, int) and d >= 0:
             out.append(d)
+        elif by_axis in dims:
+            out.append(dims[by_axis])
         elif isinstance(d, str) and d in dims:
             out.append(dims[d])
         else:
             out.append(1)
+            if defaulted is not None:
+                defaulted.append(
+                    f"{by_axis} ('{d}': --dim {d}=N or --dim {by_axis}=N)"
+                    if isinstance(d, str)
+                    else f"{by_axis} (unnamed: --dim {by_axis}=N)"
+                )
     return tuple(out)
+
+
+def _dim_values(dims: Sequence[str] | None, inputs: dict[str, Any]) -> dict[str, int]:
+    """``--dim`` values by symbol or by ``input:axis``, each checked against the model."""
+    symbols = {d for arg in inputs.values() for d in arg.shape if isinstance(d, str)}
+    values: dict[str, int] = {}
+    for text in dims or []:
+        key, value = _key_value(text, "--dim")
+        try:
+            values[key] = int(value)
+        except ValueError:
+            raise CliError(f"--dim '{text}': '{value}' is not an integer") from None
+        if values[key] < 0:
+            raise CliError(f"--dim '{text}': a dimension cannot be negative")
+        name, colon, axis = key.rpartition(":")
+        if colon and axis.lstrip("-").isdigit():
+            arg = inputs.get(name)
+            if arg is None:
+                raise CliError(
+                    f"--dim '{text}': the model has no input '{name}'; inputs: {list(inputs)}"
+                )
+            if not -len(arg.shape) <= int(axis) < len(arg.shape):
+                raise CliError(f"--dim '{text}': input '{name}' has {len(arg.shape)} axes")
+            ax = int(axis) % len(arg.shape)
+            if isinstance(arg.shape[ax], int):
+                raise CliError(
+                    f"--dim '{text}': axis {ax} of input '{name}' is fixed at {arg.shape[ax]}"
+                )
+            values[f"{name}:{ax}"] = values.pop(key)
+        elif key not in symbols:
+            raise CliError(
+                f"--dim '{text}': the inputs have no dimension named '{key}' (named dims: "
+                f"{sorted(symbols) or 'none'}; set an unnamed one with --dim input:axis=N)"
+            )
+    return values
 
 
 def random_tensor(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator) -> Any:
@@ -119,20 +171,16 @@ def random_tensor(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Genera
 
 
 def make_feeds(
-    sess: Any, given: Sequence[str] | None, dims: Sequence[str] | None, seed: int
+    sess: Any,
+    given: Sequence[str] | None,
+    dims: Sequence[str] | None,
+    seed: int,
+    defaulted: list[str] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Feeds for every model input: ``--input name=file.npy`` or random data. Also returns the
-    names that got random data."""
+    names that got random data; ``defaulted`` gets the dims that were set to 1."""
     inputs = {i.name: i for i in sess.get_inputs()}
-    dim_values: dict[str, int] = {}
-    for text in dims or []:
-        key, value = _key_value(text, "--dim")
-        try:
-            dim_values[key] = int(value)
-        except ValueError:
-            raise CliError(f"--dim '{text}': '{value}' is not an integer") from None
-        if dim_values[key] < 0:
-            raise CliError(f"--dim '{text}': a dimension cannot be negative")
+    dim_values = _dim_values(dims, inputs)
     feeds: dict[str, Any] = {}
     for text in given or []:
         name, path = _key_value(text, "--input")
@@ -151,7 +199,7 @@ def make_feeds(
     for name, arg in inputs.items():
         if name in feeds:
             continue
-        shape = concrete_shape(name, arg.shape, dim_values)
+        shape = concrete_shape(name, arg.shape, dim_values, defaulted)
         feeds[name] = random_tensor(_dtype_of(arg.type), shape, rng)
         generated.append(name)
     return feeds, generated
@@ -304,7 +352,11 @@ def _io_lines(sess: Any) -> list[str]:
 def _session(model: Any, providers: list[Any] | None) -> Any:
     import onnxplug as ox
 
-    return ox.InferenceSession(model, providers=providers)
+    # a provider named on the command line that cannot be used is an error, not a warning:
+    # the numbers printed must be those of the providers asked for
+    so = ox.SessionOptions()
+    so.add_session_config_entry("session.strict_providers", "1")
+    return ox.InferenceSession(model, so, providers=providers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,11 +441,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"providers: {sess.get_providers()}")
     for line in _io_lines(sess):
         print(line)
-    feeds, generated = make_feeds(sess, args.input, args.dim, args.seed)
+    defaulted: list[str] = []
+    feeds, generated = make_feeds(sess, args.input, args.dim, args.seed, defaulted)
     for name, value in feeds.items():
         how = "random" if name in generated else "from file"
         shape = list(getattr(value, "shape", ()))
         print(f"  feed   {name}: {how}, shape {shape} {getattr(value, 'dtype', '')}")
+    if defaulted:
+        print(f"dims not given, set to 1: {'; '.join(defaulted)}")
     outs, first, times = time_runs(sess, feeds, args.runs)
     print("outputs:")
     names = [o.name for o in sess.get_outputs()]
@@ -464,12 +519,14 @@ def cmd_providers(args: argparse.Namespace) -> int:
         if lib.factory is not None:
             f = lib.factory
             state = f"loaded, {len(lib.devices)} device(s)"
+            if not lib.devices and f.unavailable_reason():
+                state += f" ({f.unavailable_reason()})"
             detail = f"{f.vendor or '-'} {f.version}, plugin API {f.api_version}"
             print(f"  {lib.name}: {state}; {detail}; from {lib.source} {lib.target}")
         else:
             print(f"  {lib.name}: failed to load; from {lib.source} {lib.target}")
     print("EP devices:")
-    devices = ox.get_ep_devices()
+    devices = [d.ep_device for d in ox.get_ep_devices()]
     if not devices:
         print("  (none)")
     for d in devices:
@@ -561,8 +618,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dim",
         action="append",
-        metavar="name=value",
-        help="value of a symbolic dimension for random inputs (default 1)",
+        metavar="name=value|input:axis=value",
+        help="size of an unfixed dimension of random inputs, by its name (batch=4) or by input "
+        "and axis (x:0=4, also for unnamed and -1 dims); default 1 (repeatable)",
     )
     p.add_argument(
         "--runs",

@@ -53,6 +53,7 @@ from ..framework.memory import (
     host_view,
 )
 from ..framework.scratch import FrameScratch, current_scratch
+from ..framework.seed import node_seed
 from ..framework.stream import (
     DataTransfer,
     ImmediateNotification,
@@ -134,6 +135,7 @@ __all__ = [
     "elem_type_of",
     "errors",
     "host_view",
+    "node_seed",
     "np_dtype",
     "parse_byte_count",
     "shapes",

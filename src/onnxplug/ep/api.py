@@ -266,6 +266,11 @@ class EpFactory(ABC):
     @abstractmethod
     def create_ep(self, devices: list[EpDevice], config: SessionConfig) -> Ep: ...
 
+    def unavailable_reason(self) -> str | None:
+        """Why ``get_supported_devices`` found no device (no driver, none visible...), for
+        the warning a session gives when it runs without this provider; None: no reason."""
+        return None
+
     def release_ep(self, ep: Ep) -> None:
         ep.release()
 

@@ -24,6 +24,37 @@ ENTRY_POINT_GROUP = "onnxplug.execution_providers"
 # so that running from a source tree without installed entry points still has it.
 _BUILTIN = {"CPUExecutionProvider": "onnxplug.providers.cpu:create_factory"}
 
+# onnxruntime's provider names (``onnxruntime.get_all_providers()``), CPU last: every name a
+# script written for onnxruntime may ask for, whether or not a plugin here provides it.
+ONNXRUNTIME_PROVIDERS = (
+    "TensorrtExecutionProvider",
+    "CUDAExecutionProvider",
+    "MIGraphXExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "DnnlExecutionProvider",
+    "VitisAIExecutionProvider",
+    "QNNExecutionProvider",
+    "NnapiExecutionProvider",
+    "VSINPUExecutionProvider",
+    "JsExecutionProvider",
+    "CoreMLExecutionProvider",
+    "DmlExecutionProvider",
+    "RknpuExecutionProvider",
+    "WebNNExecutionProvider",
+    "WebGpuExecutionProvider",
+    "XnnpackExecutionProvider",
+    "CANNExecutionProvider",
+    "AzureExecutionProvider",
+    "CPUExecutionProvider",
+)
+# How to get a provider that is not installed.
+_INSTALL_HINTS = {
+    "CUDAExecutionProvider": (
+        "install the CUDA plugin (`pip install onnxplug-cuda`, or `pip install -e plugins/cuda` "
+        "in a source checkout) on a machine with an NVIDIA GPU and driver"
+    ),
+}
+
 
 @dataclass
 class RegisteredLibrary:
@@ -133,20 +164,33 @@ class PluginRegistry:
             names.append("CPUExecutionProvider")
         return names
 
-    def find_factory(self, provider_name: str) -> tuple[EpFactory | None, str | None]:
-        """(factory, None) or (None, why not) for a provider name."""
+    def find_factory(self, provider_name: str) -> tuple[EpFactory | None, str]:
+        """(factory, "") or (None, why it cannot be used and how to get it)."""
         for lib in self.libraries():
             if lib.factory is not None and lib.factory.name == provider_name:
                 if not lib.devices:
+                    reason = lib.factory.unavailable_reason()
                     return None, (
                         f"execution provider '{provider_name}' is installed but found no device "
-                        "it can use on this machine"
+                        f"it can use on this machine{f': {reason}' if reason else ''}"
                     )
-                return lib.factory, None
+                return lib.factory, ""
         for lib in self.libraries():
             if lib.name == provider_name and lib.error:
                 return None, lib.error
-        return None, None
+        hint = _INSTALL_HINTS.get(provider_name)
+        if hint is not None:
+            return None, f"'{provider_name}' is not installed: {hint}"
+        if provider_name in ONNXRUNTIME_PROVIDERS:
+            return None, f"'{provider_name}' is onnxruntime's, and no onnxplug plugin provides it"
+        return None, f"Unknown execution provider '{provider_name}'"
+
+    def all_providers(self) -> list[str]:
+        """onnxruntime's provider names and every plugin's, CPU last."""
+        names = [lib.factory.name if lib.factory else lib.name for lib in self.libraries()]
+        out = [n for n in ONNXRUNTIME_PROVIDERS if n != "CPUExecutionProvider"]
+        out += [n for n in dict.fromkeys(names) if n not in ONNXRUNTIME_PROVIDERS]
+        return [*out, "CPUExecutionProvider"]
 
     def devices_of(self, factory: EpFactory) -> list[EpDevice]:
         for lib in self.libraries():

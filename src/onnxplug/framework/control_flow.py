@@ -33,6 +33,10 @@ def place(
         return value
     if isinstance(value, list):
         return [place(v, device, transfer, allocators, stream, reserve) for v in value]
+    if isinstance(value, dict):  # a map (ai.onnx.ml's DictVectorizer, CastMap) lives on the host
+        if not device.is_cpu:
+            raise TypeError(f"maps cannot be placed on {device}")
+        return value
     if not isinstance(value, (np.ndarray, DeviceTensor)):
         if device.is_cpu:
             return np.asarray(value)

@@ -185,11 +185,18 @@ def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
 _STANDARD_DOMAINS = frozenset({"", "ai.onnx.ml"})
 
 
+# Ops onnxruntime registers in the default domain at version 1 and writes into the models its
+# optimizer saves (LayerNormalization before ONNX had it at opset 17; RMS normalization).
+_ORT_DEFAULT_DOMAIN_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
+
+
 def _resolve_since_version(op_type: str, domain: str, opset: int, where: str) -> int:
     """The schema version a node of ``opset`` resolves to (its kernel lookup key)."""
     try:
         schema = onnx.defs.get_schema(op_type, opset, domain)
     except Exception:
+        if domain == "" and op_type in _ORT_DEFAULT_DOMAIN_OPS:
+            return 1  # onnxruntime's own op, written in the default domain: kernels decide
         if domain in _STANDARD_DOMAINS:
             raise InvalidGraph(
                 f"{where}: no op {op_type} is registered in domain "
@@ -325,6 +332,10 @@ def infer_types(proto: ModelProto) -> ModelProto:
     light.graph.input.extend(g.input)
     light.graph.output.extend(g.output)
     light.graph.value_info.extend(g.value_info)
+    for vi in itertools.chain(light.graph.input, light.graph.output, light.graph.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.Clear()  # -1 (PaddlePaddle's unknown dim) is no size: onnx would take it as one
     existing = {i.name for i in g.input}
     for t in g.initializer:
         if _numel(t) <= _LARGE_INITIALIZER:
@@ -378,7 +389,32 @@ def graph_from_model(proto: ModelProto) -> Graph:
     g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
     _check_defined(g, frozenset())
     _merge_types(g, inferred.graph)
+    _refine_outputs(g, inferred.graph)
     return g
+
+
+def _refine_outputs(g: Graph, gp: GraphProto) -> None:
+    """Graph outputs take the sizes shape inference found where the model declares none (an
+    unknown or symbolic dim, or no shape at all), as onnxruntime reports them."""
+    inferred = {vi.name: ValueType.from_proto(vi.type) for vi in gp.output}
+    for k, vi in enumerate(g.outputs):
+        t, it = vi.type, inferred.get(vi.name)
+        if it is None or t.kind != "tensor" or it.kind != "tensor" or it.shape is None:
+            continue
+        shape: tuple[int | str | None, ...]
+        if t.shape is None:  # onnx names the dims it cannot size ('unk__0'): unknown here
+            shape = tuple(i if isinstance(i, int) else None for i in it.shape)
+        elif len(t.shape) == len(it.shape):
+            shape = tuple(
+                i if isinstance(i, int) and not isinstance(d, int) else d
+                for d, i in zip(t.shape, it.shape)
+            )
+        else:
+            continue
+        if shape != t.shape:
+            nt = ValueType("tensor", t.elem_type, shape)
+            g.outputs[k] = ValueInfo(vi.name, nt)
+            g.value_types[vi.name] = nt
 
 
 def _check_defined(g: Graph, visible: frozenset[str]) -> None:

@@ -137,7 +137,9 @@ class ValueType:
             if tt.HasField("shape"):
                 dims: list[int | str | None] = []
                 for d in tt.shape.dim:
-                    if d.HasField("dim_value"):
+                    # a negative dim_value (PaddlePaddle and other exporters write -1) is an
+                    # unknown dim, as in onnxruntime
+                    if d.HasField("dim_value") and d.dim_value >= 0:
                         dims.append(int(d.dim_value))
                     elif d.HasField("dim_param") and d.dim_param:
                         dims.append(d.dim_param)

@@ -109,7 +109,8 @@ class BuildContext:
     transfer: DataTransferManager
     allocator_for: Any  # (ep, device) -> Allocator
     by_name: dict[str, Ep] = field(default_factory=dict)
-    records: list[tuple[str, str, str, str]] = field(default_factory=list)  # (graph, node, op, ep)
+    # (graph, node, op, ep, domain) of every step, copy nodes included
+    records: list[tuple[str, str, str, str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.by_name = {ep.name: ep for ep in self.eps}
@@ -476,7 +477,13 @@ def build_runner(
     )
     for spec in specs:
         ctx.records.append(
-            (graph.name, spec.info.name, spec.info.op_type, getattr(spec.info.ep, "name", ""))
+            (
+                graph.name,
+                spec.info.name,
+                spec.info.op_type,
+                getattr(spec.info.ep, "name", ""),
+                spec.info.domain,
+            )
         )
     runner = GraphRunner(plan)
     return runner, feed_devices

@@ -16,11 +16,14 @@ import logging
 import os
 import threading
 import time
+import warnings
 import weakref
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 from onnx import ModelProto
 
 from ..ep.api import Ep, EpDevice, SessionConfig, supports
@@ -28,18 +31,29 @@ from ..errors import Fail, InvalidArgument, InvalidGraph, OnnxPlugError
 from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
-from ..framework.memory import CPU, Device, DeviceTensor
+from ..framework.memory import CPU, CPU_MEMORY, Device, DeviceTensor
+from ..ir.export import model_to_proto
 from ..ir.graph import Graph, graph_from_model
 from ..ir.model import load_model_proto
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype
 from ..optimizer.passes import optimize
+from . import log
 from .build import BuildContext, build_runner, make_constant_folder
-from .environment import get_environment
+from .devices import (
+    OrtEpAssignedNode,
+    OrtEpAssignedSubgraph,
+    OrtEpDevice,
+    OrtExecutionProviderDevicePolicy,
+    OrtMemoryInfo,
+)
+from .environment import Environment, get_environment
 from .memory import SHRINK_RUN_KEY, USE_ENV_ALLOCATORS_KEY, SessionAllocators
-from .options import RunOptions, SessionOptions
+from .options import ExecutionMode, RunOptions, SessionOptions
 from .value import OrtValue, to_numpy, unwrap
 
 CPU_EP = "CPUExecutionProvider"
+# session config key: a requested provider that cannot be used is an error, not a warning
+STRICT_PROVIDERS_KEY = "session.strict_providers"
 
 
 @dataclass(frozen=True)
@@ -95,7 +109,6 @@ class InferenceSession:
         )
         self._env = get_environment()
         self._profiling_start_ns = time.time_ns()
-        self._log_level = _log_level(self._sess_options.log_severity_level)
         proto, _ = load_model_proto(path_or_bytes)
         self._proto_meta = _metadata(proto)
         graph: Graph = graph_from_model(proto)
@@ -119,6 +132,12 @@ class InferenceSession:
                 "a run may override them, so they are not treated as constants",
             )
         self._outputs = list(graph.outputs)
+        if self._sess_options.execution_mode == ExecutionMode.ORT_PARALLEL:
+            self._log(
+                logging.WARNING,
+                "execution_mode ORT_PARALLEL: onnxplug runs nodes one after another "
+                "(ORT_SEQUENTIAL); inter_op_num_threads has no threads to bound",
+            )
         # what the session holds of the environment, given back when the session goes
         self._resources = _SessionResources()
         weakref.finalize(self, self._resources.release).atexit = False
@@ -126,7 +145,17 @@ class InferenceSession:
         cpu = next((ep for ep in self._eps if ep.name == CPU_EP), None)
         folder = make_constant_folder(cpu) if cpu is not None else None
         registries = [ep.get_kernel_registry() for ep in self._eps]
+        before = _op_counts(graph)
         optimize(graph, int(self._sess_options.graph_optimization_level), folder, registries)
+        if max(self._sess_options.log_verbosity_level, log.default_verbosity()) >= 1:
+            after = _op_counts(graph)
+            self._log(
+                logging.DEBUG,
+                f"graph optimization (level {int(self._sess_options.graph_optimization_level)}):"
+                f" {sum(before.values())} -> {sum(after.values())} nodes; removed "
+                f"{dict(before - after)}, added {dict(after - before)}",
+            )
+        self._save_optimized_model(proto)
         self._build()
         self._log(
             logging.INFO,
@@ -137,37 +166,38 @@ class InferenceSession:
             self._log(logging.DEBUG, f"graph '{g}': {op} node '{node}' runs on {ep}")
 
     def _log(self, level: int, message: str) -> None:
-        """Logs through the 'onnxplug' logger if the session's log_severity_level lets it."""
-        if level >= self._log_level:
-            logid = self._sess_options.logid
-            _LOGGER.log(level, "[%s] %s" if logid else "%s%s", logid or "", message)
+        """Prints ``message`` (at a logging level) if the session's log_severity_level lets
+        it, tagged with the session's logid (session/log.py)."""
+        opts = self._sess_options
+        log.log(log.severity_of(level), message, opts.logid, opts.log_severity_level)
 
     # providers ----------------------------------------------------------------------------------
     def _create_eps(
-        self, providers: list[Any] | None, provider_options: list[dict[str, Any]] | None
+        self, providers: Any, provider_options: list[dict[str, Any]] | None
     ) -> list[Ep]:
+        """The requested providers, in priority order, CPU appended unless its fallback is off.
+
+        A requested provider that cannot be used here (not installed, failed to load, no
+        device) is left out with one warning saying why, as onnxruntime does; with
+        ``session.disable_cpu_ep_fallback=1`` or ``session.strict_providers=1`` that is an
+        error instead.
+        """
         opts = self._sess_options
         registry = self._env.registry
-        requests: list[tuple[str, dict[str, Any], list[EpDevice] | None]] = []
+        requests: list[tuple[str, dict[str, Any], Any]]
         if providers is not None:
-            if provider_options is not None and len(provider_options) != len(providers):
-                raise InvalidArgument(
-                    f"provider_options has {len(provider_options)} entries for {len(providers)} providers"
-                )
-            for k, p in enumerate(providers):
-                if isinstance(p, tuple):
-                    if len(p) != 2 or not isinstance(p[0], str):
-                        raise InvalidArgument(f"provider entry {p!r} must be (name, options dict)")
-                    name, po = p[0], dict(p[1] or {})
-                elif isinstance(p, str):
-                    name, po = p, {}
-                else:
-                    raise InvalidArgument(f"provider entry {p!r} must be a name or (name, options)")
-                if provider_options is not None:
-                    po.update(provider_options[k] or {})
-                requests.append((name, {str(a): b for a, b in po.items()}, None))
+            requests = list(_provider_requests(providers, provider_options))
         else:
-            requests.extend(opts.get_provider_entries())
+            requests = opts.get_provider_entries() or self._policy_requests()
+        first: dict[str, Any] = {}
+        for r in requests:
+            if r[0] in first:  # onnxruntime's warning, word for word
+                warnings.warn(
+                    f"Duplicate provider '{r[0]}' encountered, ignoring.", UserWarning, stacklevel=3
+                )
+            else:
+                first[r[0]] = r
+        requests = list(first.values())
         if not requests:
             available = registry.available_providers()
             if len(available) > 1:
@@ -176,22 +206,35 @@ class InferenceSession:
                     f"to InferenceSession, e.g. InferenceSession(path, providers={available})"
                 )
             requests = [(CPU_EP, {}, None)]
-        names = [r[0] for r in requests]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise InvalidArgument(f"execution provider(s) {sorted(dup)} listed more than once")
-        fallback_off = opts._config.get("session.disable_cpu_ep_fallback", "0") == "1"
-        if CPU_EP not in names and not fallback_off:
-            requests.append((CPU_EP, {}, None))
-        eps: list[Ep] = []
         config = dict(opts._config)
+        if opts.intra_op_num_threads:  # providers bound their threads (the CPU's BLAS)
+            config.setdefault("session.intra_op_num_threads", str(opts.intra_op_num_threads))
+        fallback_off = config.get("session.disable_cpu_ep_fallback", "0") == "1"
+        strict = fallback_off or config.get(STRICT_PROVIDERS_KEY, "0") == "1"
+        usable: list[tuple[str, dict[str, str], list[EpDevice] | None, Any]] = []
+        unusable: list[str] = []
         for name, po, devices in requests:
             factory, why = registry.find_factory(name)
             if factory is None:
-                avail = registry.available_providers()
-                raise InvalidArgument(
-                    why or f"Unknown execution provider '{name}'. Available providers: {avail}"
-                )
+                unusable.append(why)
+            else:
+                usable.append((name, po, devices, factory))
+        if unusable:
+            why = f"{'; '.join(unusable)}. Available providers: {registry.available_providers()}"
+            if strict:
+                key = "session.disable_cpu_ep_fallback" if fallback_off else STRICT_PROVIDERS_KEY
+                raise InvalidArgument(f"{why} (no fallback: {key}=1)")
+        if not fallback_off and all(r[0] != CPU_EP for r in usable):
+            usable.append((CPU_EP, {}, None, registry.find_factory(CPU_EP)[0]))
+        if unusable:
+            warnings.warn(
+                f"{why}. Running on {[r[0] for r in usable]} instead (session config "
+                f"'{STRICT_PROVIDERS_KEY}' = '1' makes this an error).",
+                UserWarning,
+                stacklevel=3,
+            )
+        eps: list[Ep] = []
+        for name, po, devices, factory in usable:
             if devices is None:
                 all_devs = registry.devices_of(factory)
                 wanted = po.get("device_id")
@@ -222,7 +265,78 @@ class InferenceSession:
             eps.append(ep)
         return eps
 
+    def _policy_requests(self) -> list[tuple[str, dict[str, str], list[EpDevice] | None]]:
+        """Providers chosen by SessionOptions.set_provider_selection_policy(_delegate): the
+        EP devices the delegate returns, or by policy GPU devices (PREFER_GPU,
+        MAX_PERFORMANCE) or NPU devices (PREFER_NPU, MAX_EFFICIENCY, MIN_OVERALL_POWER)
+        before the CPU; DEFAULT and PREFER_CPU choose the CPU, as in onnxruntime."""
+        opts = self._sess_options
+        if opts._policy_delegate is None and opts._policy is None:
+            return []
+        devices = [OrtEpDevice(d) for d in self._env.registry.ep_devices()]
+        if opts._policy_delegate is not None:
+            chosen = list(
+                opts._policy_delegate(
+                    devices, dict(self._proto_meta.custom_metadata_map), {}, len(devices)
+                )
+                or []
+            )
+            if not all(isinstance(d, OrtEpDevice) for d in chosen):
+                raise InvalidArgument(
+                    "the provider selection delegate must return OrtEpDevices from the list "
+                    "it was given"
+                )
+        else:
+            P = OrtExecutionProviderDevicePolicy
+            kind = {P.PREFER_GPU: "GPU", P.MAX_PERFORMANCE: "GPU", P.PREFER_NPU: "NPU"}.get(
+                opts._policy,
+                "NPU" if opts._policy in (P.MAX_EFFICIENCY, P.MIN_OVERALL_POWER) else "",
+            )
+            chosen = [d for d in devices if kind and d.device.type.name == kind]
+            chosen += [d for d in devices if d.ep_name == CPU_EP]
+        by_ep: dict[str, list[EpDevice]] = {}
+        for d in chosen:
+            by_ep.setdefault(d.ep_name, []).append(d.ep_device)
+        return [(name, {}, devs) for name, devs in by_ep.items()]
+
     # building -----------------------------------------------------------------------------------
+    def _save_optimized_model(self, proto: ModelProto) -> None:
+        """Writes the optimized graph to ``optimized_model_filepath`` (ONNX), its initializers
+        to an external file where ``session.optimized_model_external_initializers_file_name``
+        names one, as onnxruntime does."""
+        path = self._sess_options.optimized_model_filepath
+        if not path:
+            return
+        config = self._sess_options._config
+        fmt = config.get("session.save_model_format", "ONNX").upper()
+        if fmt != "ONNX" or str(path).lower().endswith(".ort"):
+            raise InvalidArgument(
+                f"optimized_model_filepath '{path}': onnxplug writes ONNX models only (not "
+                "onnxruntime's .ort format); use a .onnx path"
+            )
+        model = model_to_proto(self._graph, proto, self._defaults)
+        external = config.get("session.optimized_model_external_initializers_file_name")
+        try:
+            if external:
+                threshold = config.get(
+                    "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+                )
+                onnx.save(
+                    model,
+                    str(path),
+                    save_as_external_data=True,
+                    all_tensors_to_one_file=True,
+                    location=external,
+                    size_threshold=int(threshold),
+                )
+            else:
+                onnx.save(model, str(path))
+        except (OSError, ValueError) as e:
+            raise InvalidArgument(
+                f"optimized_model_filepath '{path}': the optimized model cannot be written: {e}"
+            ) from e
+        self._log(logging.INFO, f"optimized model written to '{path}'")
+
     def _apply_session_initializers(self) -> None:
         """SessionOptions.add_initializer values replace the model's initializers."""
         for name, value in self._sess_options._initializers.items():
@@ -244,35 +358,37 @@ class InferenceSession:
 
     def _apply_free_dimension_overrides(self, proto: ModelProto) -> None:
         """SessionOptions.add_free_dimension_override_by_name/_by_denotation fix symbolic
-        dimensions of the graph inputs; feeds must then match them."""
+        dimensions of the graph inputs and outputs; feeds must then match them, and
+        get_inputs()/get_outputs() report them, as in onnxruntime."""
         opts = self._sess_options
         by_name, by_den = opts._free_dims_by_name, opts._free_dims_by_denotation
         if not by_name and not by_den:
             return
         denotations = {
             vi.name: [d.denotation for d in vi.type.tensor_type.shape.dim]
-            for vi in proto.graph.input
+            for vi in (*proto.graph.input, *proto.graph.output)
             if vi.type.HasField("tensor_type")
         }
         g = self._graph
-        for k, vi in enumerate(g.inputs):
-            t = vi.type
-            if t.kind != "tensor" or t.shape is None:
-                continue
-            dens = denotations.get(vi.name, [])
-            dims = list(t.shape)
-            for j, d in enumerate(dims):
-                if isinstance(d, int):
+        for values in (g.inputs, g.outputs):
+            for k, vi in enumerate(values):
+                t = vi.type
+                if t.kind != "tensor" or t.shape is None:
                     continue
-                den = dens[j] if j < len(dens) else ""
-                if den and den in by_den:
-                    dims[j] = by_den[den]
-                elif isinstance(d, str) and d in by_name:
-                    dims[j] = by_name[d]
-            if dims != list(t.shape):
-                nt = dataclasses.replace(t, shape=tuple(dims))
-                g.inputs[k] = type(vi)(vi.name, nt)
-                g.value_types[vi.name] = nt
+                dens = denotations.get(vi.name, [])
+                dims = list(t.shape)
+                for j, d in enumerate(dims):
+                    if isinstance(d, int):
+                        continue
+                    den = dens[j] if j < len(dens) else ""
+                    if den and den in by_den:
+                        dims[j] = by_den[den]
+                    elif isinstance(d, str) and d in by_name:
+                        dims[j] = by_name[d]
+                if dims != list(t.shape):
+                    nt = dataclasses.replace(t, shape=tuple(dims))
+                    values[k] = type(vi)(vi.name, nt)
+                    g.value_types[vi.name] = nt
 
     def _build(self) -> None:
         use_env = self._sess_options._config.get(USE_ENV_ALLOCATORS_KEY, "0") == "1"
@@ -294,7 +410,9 @@ class InferenceSession:
         self._output_index = {n: i for i, n in enumerate(self._output_names)}
         self._all_outputs = list(range(len(self._output_names)))
         self._fetch_all = {m: [m] * len(self._output_names) for m in (FETCH_HOST, FETCH_DEVICE)}
-        self._assignment = ctx.records
+        # (graph, node, op, ep) of every step, and each node's domain
+        self._assignment = [r[:4] for r in ctx.records]
+        self._assignment_domains = [r[4] for r in ctx.records]
         runner = self._runner
         runner.plan.plan_outputs = True  # run() copies the outputs out: they live in the plan
         runner.profiling = bool(self._sess_options.enable_profiling)
@@ -357,14 +475,16 @@ class InferenceSession:
     def get_session_options(self) -> SessionOptions:
         return self._sess_options
 
-    def get_provider_graph_assignment_info(self) -> list[dict[str, str]]:
-        """Which provider runs each node (copy nodes included), subgraphs flattened.
+    def get_provider_graph_assignment_info(self) -> list[OrtEpAssignedSubgraph]:
+        """Which provider runs each node (copy nodes included, subgraphs flattened): one
+        ``OrtEpAssignedSubgraph`` (``ep_name``, ``get_nodes()``) per node, as onnxruntime
+        reports its kernel-based providers.
 
         onnxruntime requires ``session.record_ep_graph_assignment_info=1``; we always record.
         """
         return [
-            {"graph": g, "node_name": n, "op_type": op, "ep": ep}
-            for g, n, op, ep in self._assignment
+            OrtEpAssignedSubgraph(ep, [OrtEpAssignedNode(n, op, dom, g)])
+            for (g, n, op, ep), dom in zip(self._assignment, self._assignment_domains)
         ]
 
     def get_ep_graph_assignment_summary(self) -> dict[str, int]:
@@ -372,6 +492,47 @@ class InferenceSession:
         for _, _, _, ep in self._assignment:
             out[ep] = out.get(ep, 0) + 1
         return out
+
+    def _memory_info_of(self, device: Device | None) -> OrtMemoryInfo:
+        if device is None or device.is_cpu and not device.vendor_id:
+            return OrtMemoryInfo.of(CPU_MEMORY)
+        for d in self._env.registry.ep_devices():
+            for mi in (d.memory_info, d.host_accessible_memory_info):
+                if mi is not None and mi.device == device:
+                    return OrtMemoryInfo.of(mi)
+        return OrtMemoryInfo.of(Environment.memory_info_for(None, device))
+
+    def _output_devices(self) -> list[Device | None]:
+        plan = self._runner.plan
+        where: dict[int, Device | None] = dict(zip(plan.feed_slots, plan.feed_devices))
+        for step in plan.steps:
+            where.update(zip(step.out_slots, step.out_devices))
+        return [where.get(s) for s in plan.output_slots]
+
+    def get_input_memory_infos(self) -> list[OrtMemoryInfo]:
+        """Where each input (``get_inputs()`` order) is wanted by the nodes that read it."""
+        return [self._memory_info_of(self._input_device(vi.name)) for vi in self._user_inputs]
+
+    def get_output_memory_infos(self) -> list[OrtMemoryInfo]:
+        """Where each output is produced."""
+        return [self._memory_info_of(d) for d in self._output_devices()]
+
+    def get_input_epdevices(self) -> list[OrtEpDevice | None]:
+        """The EP device whose memory each input is wanted in (None: any)."""
+        out: list[OrtEpDevice | None] = []
+        for vi in self._user_inputs:
+            dev = self._input_device(vi.name) or CPU
+            match = [
+                ep.ep_device
+                for ep in self._eps
+                if ep.ep_device is not None and ep.ep_device.memory_info.device == dev
+            ]
+            out.append(OrtEpDevice(match[0]) if match else None)
+        return out
+
+    def _input_device(self, name: str) -> Device | None:
+        i = self._feed_index.get(name)
+        return self._feed_devices[i] if i is not None and i < len(self._feed_devices) else None
 
     def set_providers(
         self,
@@ -598,9 +759,6 @@ class InferenceSession:
         return self._profiling_start_ns
 
 
-_LOGGER = logging.getLogger("onnxplug")
-
-
 class _SessionResources:
     """The providers and allocator references of a session, released when it is collected."""
 
@@ -614,7 +772,7 @@ class _SessionResources:
             try:
                 ep.release()
             except Exception as e:  # a failing provider must not keep the others' resources
-                _LOGGER.warning("releasing %s failed: %s", ep.name, e)
+                log.log(log.severity_of(logging.WARNING), f"releasing {ep.name} failed: {e}")
         if self.memory is not None:
             self.memory.release()
             self.memory = None
@@ -626,19 +784,6 @@ def _writable(value: Any) -> Any:
     if isinstance(value, np.ndarray) and not value.flags.writeable:
         return value.copy()
     return value
-
-
-def _log_level(severity: Any) -> int:
-    """onnxruntime's severity (0 verbose, 1 info, 2 warning, 3 error, 4 fatal) as a logging
-    level."""
-    try:
-        sev = int(severity)
-    except (TypeError, ValueError):
-        raise InvalidArgument(
-            f"log_severity_level must be 0 (verbose) .. 4 (fatal), not {severity!r}"
-        ) from None
-    levels = [logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL]
-    return levels[min(max(sev, 0), 4)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -759,10 +904,45 @@ def _from_python(name: str, value: Any, dt: np.dtype | None) -> np.ndarray:
     return arr.astype(dt)
 
 
-def _opt_str(v: Any) -> str:
+def _op_counts(graph: Graph) -> Counter[str]:
+    """Nodes per op type (domain-qualified outside the default domain)."""
+    return Counter(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in graph.nodes)
+
+
+def _provider_requests(
+    providers: Any, provider_options: list[dict[str, Any]] | None
+) -> list[tuple[str, dict[str, str], None]]:
+    """``providers`` (names or (name, options) tuples; a bare name is one provider) as
+    (name, options, devices) requests."""
+    if isinstance(providers, str):
+        providers = [providers]
+    providers = list(providers)
+    if provider_options is not None and len(provider_options) != len(providers):
+        raise InvalidArgument(
+            f"provider_options has {len(provider_options)} entries for {len(providers)} providers"
+        )
+    requests: list[tuple[str, dict[str, str], None]] = []
+    for k, p in enumerate(providers):
+        if isinstance(p, tuple):
+            if len(p) != 2 or not isinstance(p[0], str):
+                raise InvalidArgument(f"provider entry {p!r} must be (name, options dict)")
+            name, po = p[0], dict(p[1] or {})
+        elif isinstance(p, str):
+            name, po = p, {}
+        else:
+            raise InvalidArgument(f"provider entry {p!r} must be a name or (name, options)")
+        if provider_options is not None:
+            po.update(provider_options[k] or {})
+        requests.append((name, {str(a): _opt_str(b) for a, b in po.items()}, None))
+    return requests
+
+
+def _opt_str(v: Any) -> Any:
+    """A provider option value as a string; a callable (an external allocator's callback)
+    stays itself."""
     if isinstance(v, bool):
         return "1" if v else "0"
-    return str(v)
+    return v if callable(v) else str(v)
 
 
 def _type_name(dt: np.dtype) -> str:

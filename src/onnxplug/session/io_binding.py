@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ..errors import Fail, InvalidArgument
 from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.memory import CPU, DeviceTensor
@@ -119,6 +119,8 @@ class IOBinding:
     # running --------------------------------------------------------------------------------
     def _run(self, run_options: Any) -> None:
         sess = self._session
+        if not self._outputs:  # onnxruntime's words
+            raise Fail("Error in execution: At least one output should be requested.")
         feeds = sess._prepare_feeds(self._inputs)
         names = list(self._outputs) or sess._output_names
         fetch: list[Any] = [None] * len(sess._output_names)

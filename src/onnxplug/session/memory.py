@@ -16,13 +16,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any
 
 from ..ep.api import Ep, EpFactory
 from ..errors import InvalidArgument
 from ..framework.arena import EXTEND_STRATEGIES, BFCArena
 from ..framework.memory import Allocator, Device, MemoryInfo
+from .devices import OrtMemoryInfo
 from .environment import Environment, get_environment
 
 SHRINK_RUN_KEY = "memory.enable_memory_arena_shrinkage"
@@ -183,48 +183,6 @@ def _matches(h: _Held, dev_type: str, dev_id: int) -> bool:
 # onnxruntime's allocator API ------------------------------------------------------------------
 
 
-class OrtAllocatorType(IntEnum):
-    INVALID = -1
-    ORT_DEVICE_ALLOCATOR = 0
-    ORT_ARENA_ALLOCATOR = 1
-
-
-class OrtMemType(IntEnum):
-    CPU_INPUT = -2
-    CPU_OUTPUT = -1
-    CPU = -1
-    DEFAULT = 0
-
-
-class OrtMemoryInfo:
-    """Names an allocator's memory: ``OrtMemoryInfo("Cuda", OrtAllocatorType.ORT_ARENA_ALLOCATOR,
-    0, OrtMemType.DEFAULT)``. Names are the providers' (``Cpu``, ``Cuda``, ``CudaPinned``,
-    ...)."""
-
-    def __init__(self, name: str, alloc_type: Any, device_id: int, mem_type: Any):
-        self.name = str(name)
-        self.alloc_type = OrtAllocatorType(int(alloc_type))
-        self.device_id = int(device_id)
-        self.mem_type = OrtMemType(int(mem_type))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, OrtMemoryInfo) and (
-            self.name,
-            self.alloc_type,
-            self.device_id,
-            self.mem_type,
-        ) == (other.name, other.alloc_type, other.device_id, other.mem_type)
-
-    def __hash__(self) -> int:
-        return hash((self.name, self.device_id))
-
-    def __repr__(self) -> str:
-        return (
-            f"OrtMemoryInfo(name='{self.name}', alloc_type={self.alloc_type.name}, "
-            f"device_id={self.device_id}, mem_type={self.mem_type.name})"
-        )
-
-
 # OrtArenaCfg field -> arena option key
 _ARENA_CFG_KEYS = {
     "max_mem": "arena.max_mem",
@@ -243,6 +201,16 @@ class OrtArenaCfg:
     """An arena configuration, as in onnxruntime: ``OrtArenaCfg(max_mem, arena_extend_strategy,
     initial_chunk_size_bytes, max_dead_bytes_per_chunk)`` or ``OrtArenaCfg({key: value})``.
     ``-1`` (``0`` for ``max_mem``) keeps the default."""
+
+    # the fields onnxruntime's OrtArenaCfg has (ours also take the CUDA mempool keys)
+    _KEYS = (
+        "max_mem",
+        "arena_extend_strategy",
+        "initial_chunk_size_bytes",
+        "max_dead_bytes_per_chunk",
+        "initial_growth_chunk_size_bytes",
+        "max_power_of_two_extend_bytes",
+    )
 
     def __init__(self, *args: Any):
         self._values: dict[str, int] = {}
@@ -366,10 +334,7 @@ def create_and_register_allocator_v2(
 
 __all__ = [
     "SHRINK_RUN_KEY",
-    "OrtAllocatorType",
     "OrtArenaCfg",
-    "OrtMemType",
-    "OrtMemoryInfo",
     "SessionAllocators",
     "create_and_register_allocator",
     "create_and_register_allocator_v2",

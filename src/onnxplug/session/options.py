@@ -5,6 +5,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
+
 from ..errors import InvalidArgument
 
 
@@ -33,13 +35,78 @@ class ExecutionOrder(IntEnum):
     MEMORY_EFFICIENT = 2
 
 
+class _Checked:
+    """An option attribute whose value ``check(value, name)`` validates (and normalizes)
+    when it is set; kept in the instance's slot ``_<name>``."""
+
+    def __init__(self, check: Any):
+        self.check = check
+        self.name = self.slot = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.slot = name, f"_{name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.slot)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj, self.slot, self.check(value, self.name))
+
+
 class SessionOptions:
     """Options of an InferenceSession (``onnxruntime.SessionOptions``).
 
-    Accepted for compatibility but without effect here: thread counts, execution mode and
-    order, memory-arena/pattern switches (numpy runs the CPU kernels; providers own their
-    memory), ``use_deterministic_compute`` and ``optimized_model_filepath``.
+    What each option does here:
+
+    * ``graph_optimization_level``: the optimizer's level; ``optimized_model_filepath``: the
+      optimized model is written there (ONNX, loadable by onnxplug and onnxruntime).
+    * ``intra_op_num_threads``: the most threads a kernel uses (numpy's BLAS included); 0
+      leaves the libraries' defaults. ``inter_op_num_threads`` and ``execution_mode``: nodes
+      run one after another (``ORT_SEQUENTIAL``); ``ORT_PARALLEL`` is accepted with a warning
+      that says so.
+    * ``log_severity_level`` (-1: the default logger's, see ``set_default_logger_severity``)
+      and ``log_verbosity_level``: what the session prints to stderr, tagged ``onnxplug``.
+    * ``enable_profiling``/``profile_file_prefix``: profiling to a JSON trace.
+    * Accepted without effect, as the runtime has no such choice: the memory-arena/pattern
+      switches (providers own their memory; plans are always static), ``execution_order``,
+      ``use_deterministic_compute`` (the CPU kernels are deterministic) and
+      ``use_per_session_threads``.
+
+    Setting an attribute that onnxruntime's SessionOptions does not have raises
+    AttributeError, as there.
     """
+
+    __slots__ = (
+        "_config",
+        "_execution_mode",
+        "_free_dims_by_denotation",
+        "_free_dims_by_name",
+        "_graph_optimization_level",
+        "_initializers",
+        "_inter_op_num_threads",
+        "_intra_op_num_threads",
+        "_log_severity_level",
+        "_log_verbosity_level",
+        "_policy",
+        "_policy_delegate",
+        "_providers",
+        "enable_cpu_mem_arena",
+        "enable_mem_pattern",
+        "enable_mem_reuse",
+        "enable_profiling",
+        "execution_order",
+        "logid",
+        "optimized_model_filepath",
+        "profile_file_prefix",
+        "use_deterministic_compute",
+        "use_per_session_threads",
+    )
+    graph_optimization_level = _Checked(lambda v, n: _enum(GraphOptimizationLevel, v, n))
+    execution_mode = _Checked(lambda v, n: _enum(ExecutionMode, v, n))
+    intra_op_num_threads = _Checked(lambda v, n: _count(v, n))
+    inter_op_num_threads = _Checked(lambda v, n: _count(v, n))
+    log_severity_level = _Checked(lambda v, n: _severity(v, n))
+    log_verbosity_level = _Checked(lambda v, n: _count(v, n))
 
     def __init__(self) -> None:
         self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -49,7 +116,7 @@ class SessionOptions:
         self.inter_op_num_threads = 0
         self.enable_profiling = False
         self.profile_file_prefix = "onnxplug_profile_"
-        self.log_severity_level = 2
+        self.log_severity_level = -1
         self.log_verbosity_level = 0
         self.logid = ""
         self.optimized_model_filepath = ""
@@ -57,25 +124,14 @@ class SessionOptions:
         self.enable_mem_pattern = True
         self.enable_mem_reuse = True
         self.use_deterministic_compute = False
+        self.use_per_session_threads = True
         self._config: dict[str, str] = {}
         self._providers: list[tuple[str, dict[str, Any], Any]] = []  # (name, options, ep_devices)
         self._initializers: dict[str, Any] = {}
         self._free_dims_by_name: dict[str, int] = {}
         self._free_dims_by_denotation: dict[str, int] = {}
-
-    @property
-    def graph_optimization_level(self) -> GraphOptimizationLevel:
-        return self._graph_optimization_level
-
-    @graph_optimization_level.setter
-    def graph_optimization_level(self, level: Any) -> None:
-        try:
-            self._graph_optimization_level = GraphOptimizationLevel(int(level))
-        except (TypeError, ValueError):
-            raise InvalidArgument(
-                f"graph_optimization_level must be one of "
-                f"{[str(x) for x in GraphOptimizationLevel]}, not {level!r}"
-            ) from None
+        self._policy: Any = None
+        self._policy_delegate: Any = None
 
     # config entries ----------------------------------------------------------------------------
     def add_session_config_entry(self, key: str, value: str) -> None:
@@ -107,7 +163,8 @@ class SessionOptions:
     def add_provider_for_devices(
         self, ep_devices: list[Any], provider_options: dict[str, Any] | None = None
     ) -> None:
-        devices = list(ep_devices)
+        # OrtEpDevice (what get_ep_devices() returns) or the plugin API's EpDevice
+        devices = [getattr(d, "ep_device", d) for d in ep_devices]
         if not devices:
             raise InvalidArgument("add_provider_for_devices needs at least one EP device")
         names = {d.ep_name for d in devices}
@@ -120,6 +177,26 @@ class SessionOptions:
 
     def get_provider_entries(self) -> list[tuple[str, dict[str, Any], Any]]:
         return list(self._providers)
+
+    def set_provider_selection_policy(self, policy: Any) -> None:
+        """Providers for a session given none: chosen among the EP devices by ``policy``
+        (an ``OrtExecutionProviderDevicePolicy``), CPU last."""
+        from .devices import OrtExecutionProviderDevicePolicy
+
+        self._policy = _enum(OrtExecutionProviderDevicePolicy, policy, "provider selection policy")
+
+    def set_provider_selection_policy_delegate(self, delegate: Any) -> None:
+        """``delegate(ep_devices, model_metadata, runtime_metadata, max_selections)`` returns
+        the OrtEpDevices to use, in priority order, for a session given no providers."""
+        if not callable(delegate):
+            raise InvalidArgument("the provider selection policy delegate must be callable")
+        self._policy_delegate = delegate
+
+    def has_providers(self) -> bool:
+        """Whether providers, EP devices or a selection policy were set."""
+        return (
+            bool(self._providers) or self._policy is not None or (self._policy_delegate is not None)
+        )
 
     # initializers and dims ----------------------------------------------------------------------
     def add_initializer(self, name: str, value: Any) -> None:
@@ -139,10 +216,25 @@ class SessionOptions:
 
 
 class RunOptions:
-    """Options of one run (``onnxruntime.RunOptions``)."""
+    """Options of one run (``onnxruntime.RunOptions``). A run whose ``terminate`` is set
+    fails with onnxruntime's "Exiting due to terminate flag" (the executor decides where it
+    checks). Setting an attribute that onnxruntime's RunOptions does not have raises
+    AttributeError, as there."""
+
+    __slots__ = (
+        "_config",
+        "_log_severity_level",
+        "_log_verbosity_level",
+        "logid",
+        "only_execute_path_to_fetches",
+        "synchronize_execution_providers",
+        "terminate",
+    )
+    log_severity_level = _Checked(lambda v, n: _severity(v, n))
+    log_verbosity_level = _Checked(lambda v, n: _count(v, n))
 
     def __init__(self) -> None:
-        self.log_severity_level = 2
+        self.log_severity_level = -1
         self.log_verbosity_level = 0
         self.logid = ""
         self.terminate = False
@@ -163,6 +255,30 @@ class RunOptions:
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return self._config.get(key, default)
+
+
+def _enum(cls: Any, value: Any, what: str) -> Any:
+    try:
+        return cls(int(value))
+    except (TypeError, ValueError):
+        raise InvalidArgument(
+            f"{what} must be one of {[str(x) for x in cls]}, not {value!r}"
+        ) from None
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise InvalidArgument(f"{what} must be an int >= 0, not {value!r}")
+    return int(value)
+
+
+def _severity(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not -1 <= value <= 4:
+        raise InvalidArgument(
+            f"{what} must be -1 (the default logger's), 0 (verbose), 1 (info), 2 (warning), "
+            f"3 (error) or 4 (fatal), not {value!r}"
+        )
+    return int(value)
 
 
 def _str_options(provider: str, options: dict[str, Any] | None) -> dict[str, Any]:

@@ -15,16 +15,25 @@ from .environment import get_environment
 
 
 def _as_dtype(element_type: Any) -> np.dtype:
-    if isinstance(element_type, str) and (
-        element_type.startswith("tensor(") or element_type.isalpha()
-    ):
+    """An element type as onnxruntime reads it: an int is an ONNX type code
+    (``TensorProto.FLOAT``), anything else a numpy dtype (``np.float32``, ``"float64"``; note
+    that numpy reads ``"float"`` as float64). onnxplug also reads ``"tensor(float)"``."""
+    if isinstance(element_type, (int, np.integer)) and not isinstance(element_type, bool):
+        try:
+            return np_dtype(int(element_type))
+        except ValueError:
+            raise InvalidArgument(f"{element_type} is not an ONNX element type code") from None
+    if isinstance(element_type, str) and element_type.startswith("tensor("):
         try:
             return np_dtype(elem_type_from_name(element_type))
         except ValueError:
-            pass
-    if isinstance(element_type, int) and not isinstance(element_type, bool):
-        return np_dtype(element_type)
-    return np.dtype(element_type)
+            raise InvalidArgument(f"unknown element type {element_type!r}") from None
+    try:
+        return np.dtype(element_type)
+    except TypeError:
+        raise InvalidArgument(
+            f"element_type must be a numpy dtype or an ONNX type code, not {element_type!r}"
+        ) from None
 
 
 def to_numpy(value: Any) -> Any:
@@ -75,16 +84,36 @@ class OrtValue:
     @staticmethod
     def ortvalue_from_shape_and_type(
         shape: Any,
-        element_type: Any = np.float32,
+        element_type: Any,
         device_type: str = "cpu",
         device_id: int = 0,
         vendor_id: int = -1,
+        memory_info: Any = None,
     ) -> OrtValue:
+        """A new tensor of ``shape`` and ``element_type`` (a numpy dtype or an ONNX type
+        code) on ``device_type:device_id``, or in the memory ``memory_info`` names (an
+        OrtMemoryInfo, e.g. ``ep_device.memory_info(OrtDeviceMemoryType.HOST_ACCESSIBLE)``;
+        then the device arguments are ignored), as in onnxruntime."""
         dt = _as_dtype(element_type)
         shape = tuple(int(d) for d in shape)
-        if device_type.lower() == "cpu":
+        env = get_environment()
+        if memory_info is not None:
+            info = getattr(memory_info, "_info", memory_info)
+            if info.device.is_cpu and not info.device.vendor_id:
+                return OrtValue(np.zeros(shape, dtype=dt))
+            for d in env.registry.ep_devices():
+                if info in (d.memory_info, d.host_accessible_memory_info):
+                    env.ensure_transfer(d.factory)
+                    return OrtValue(
+                        allocate_tensor(env.shared_allocator(d.factory, info), shape, dt)
+                    )
+            raise InvalidArgument(f"no execution provider offers the memory {memory_info}")
+        kind = device_type.lower()
+        if kind == "gpu" and int(vendor_id) == 0x10DE:
+            kind = "cuda"  # onnxruntime's generic device name with NVIDIA's vendor id
+        if kind == "cpu":
             return OrtValue(np.zeros(shape, dtype=dt))
-        alloc, _ = get_environment().allocator_for_device(device_type, device_id)
+        alloc, _ = env.allocator_for_device(kind, device_id)
         return OrtValue(allocate_tensor(alloc, shape, dt))
 
     @staticmethod

@@ -250,16 +250,23 @@ def run_suite(
 ) -> list[CaseResult]:
     """Every case (matching ``pattern``) on ``providers``, in name order; ``sess_options``
     (an onnxplug.SessionOptions) applies to every case's session; ``repeats``: runs per data
-    set (see ``run_case``)."""
+    set (see ``run_case``). ``progress``: a line on stderr counting the cases done
+    (``main_run`` shows it when stderr is a terminal)."""
     results = []
     cases = collect_cases(pattern)
     trace = os.environ.get("ONNXPLUG_CONFORMANCE_TRACE") == "1"  # find a case that crashes
-    for k, case in enumerate(cases):
+    passed = 0
+    for k, case in enumerate(cases, 1):
         if trace:
             print(f"case {case.name}", flush=True)
         results.append(run_case(case, providers, sess_options, repeats))
-        if progress and k % 200 == 0:
-            print(f"  {k}/{len(cases)}", flush=True)
+        passed += results[-1].status == "pass"
+        if progress and (k % 25 == 0 or k == len(cases)):
+            # one line, rewritten in place: a terminal shows where the suite is
+            sys.stderr.write(f"\r  {k}/{len(cases)} cases, {passed} passed")
+            sys.stderr.flush()
+    if progress and cases:
+        sys.stderr.write("\n")
     return results
 
 
@@ -352,7 +359,7 @@ def main_run(
     import onnx
 
     t0 = time.perf_counter()
-    results = run_suite(providers, pattern, repeats=repeats)
+    results = run_suite(providers, pattern, progress=sys.stderr.isatty(), repeats=repeats)
     dt = time.perf_counter() - t0
     s = summarize(results)
     if verbose:

@@ -49,7 +49,6 @@ class CudaEpFactory(EpFactory):
         self._shared = SharedArenas(self.name)
         self._backends: dict[int, Any] = {}
         self._reason: str | None = None
-        self._warned = False
 
     # devices ------------------------------------------------------------------------------------
     def probe(self) -> tuple[list[CudaDeviceInfo], str | None]:
@@ -57,16 +56,10 @@ class CudaEpFactory(EpFactory):
 
     def get_supported_devices(self, hardware: list[HardwareDevice]) -> list[EpDevice]:
         infos, reason = self.probe()
+        # no warning here: a session that asks for this provider warns (or, with the CPU
+        # fallback off, fails) with the reason from unavailable_reason()
         self._reason = reason
         if not infos:
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"onnxplug-cuda is installed but CUDA is not usable: {reason}. "
-                    f"{NAME} is not available; sessions asking for it will fail.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
             return []
         out = []
         for info in infos:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from onnxplug.ep import (
     CPU,
     CPU_MEMORY,
@@ -14,16 +16,31 @@ from onnxplug.ep import (
 )
 
 from .kernels import cpu_registry
+from .threads import BLAS_THREADS
 
 NAME = "CPUExecutionProvider"
+# the session's intra_op_num_threads, as the session hands it to its providers
+THREADS_KEY = "session.intra_op_num_threads"
 
 
 class CpuEp(Ep):
     name = NAME
     device = CPU
 
+    def __init__(self, factory: EpFactory, ep_device: EpDevice | None, config: SessionConfig):
+        super().__init__(factory, ep_device, config)
+        self.threads = int(config.get(THREADS_KEY, "0") or 0)  # 0: the libraries' defaults
+
     def get_kernel_registry(self) -> KernelRegistry:
         return cpu_registry()
+
+    def on_run_start(self, run_options: Any) -> None:
+        if self.threads:
+            BLAS_THREADS.enter(self.threads)
+
+    def on_run_end(self, run_options: Any, sync_stream: bool) -> None:
+        if self.threads:
+            BLAS_THREADS.exit()
 
 
 class CpuEpFactory(EpFactory):

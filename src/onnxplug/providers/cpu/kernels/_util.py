@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxplug.ep import Fail
+
 
 def wide(x: np.ndarray) -> np.ndarray:
     """``x`` in a dtype that is at least float32 (float16/bfloat16 are widened): half-precision
@@ -28,3 +30,10 @@ def frozen(a: np.ndarray) -> np.ndarray:
     """``a`` made read-only: a value a kernel hands out on every run must not be modified."""
     a.flags.writeable = False
     return a
+
+
+def check_spatial_input(x: np.ndarray, op: str, error: type[Exception] = Fail) -> None:
+    """Pooling and convolution need data: only the batch may be empty (onnxruntime's
+    "Invalid input shape", a Fail from its pools and an InvalidArgument from its Conv)."""
+    if x.ndim < 3 or (x.size == 0 and x.shape[0] != 0):
+        raise error(f"{op}: Invalid input shape. Only N can be zero. Got: {list(x.shape)}")

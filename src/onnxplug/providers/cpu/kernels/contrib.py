@@ -9,6 +9,17 @@ optimized by onnxruntime's tools): the reference the CUDA kernels are compared w
   LayerNormalization over the last axis of ``s = input + skip (+ bias)``; optional outputs
   ``mean`` and ``inv_std_var`` (float32, the input's shape with a last dim of 1) and
   ``input_skip_bias_sum`` (``s``).
+* ``com.microsoft`` ``QuickGelu(X)`` (``alpha`` 1.702): ``x * sigmoid(alpha * x)``.
+* ``LayerNormalization`` below opset 17 and ``SimplifiedLayerNormalization`` (RMS
+  normalization), in the default domain at version 1, where onnxruntime registers them and
+  its optimizer writes them.
+* ``com.microsoft`` ``EmbedLayerNormalization``: word + position (+ segment) embeddings, then
+  LayerNormalization; ``mask_index`` is each row's count of mask ones (zeros without a mask).
+* ``com.microsoft`` ``BiasSoftmax(data, bias)`` (``axis``): Softmax of ``data + bias``.
+* ``com.microsoft`` ``MatMulNBits(A, B, scales, zero_points?, g_idx?, bias?)``: A times the
+  block-quantized (2..8-bit) weight, dequantized per block of ``block_size`` along K.
+* ``com.microsoft`` ``QuantizeLinear``/``DequantizeLinear``: the ONNX ops' per-tensor and
+  per-axis forms (``axis``), for 8- and 16-bit and 4-bit integers.
 * ``ai.onnxplug`` ``MatMulBias(A, B, bias)`` (``activation`` "", "Relu", "Gelu", "FastGelu"):
   ``act(A @ B + bias)`` for an N-D ``A``, a 2-D ``B`` and a bias of B's column count.
 
@@ -20,12 +31,14 @@ The ops have no ONNX schemas, so the kernels take every dtype the fusions produc
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry
 
 from .activation import erf, wide
+from .norm import LayerNormalization
 
 MS = "com.microsoft"
 PLUG = "ai.onnxplug"
@@ -157,9 +170,237 @@ class MatMulBias(Kernel):
         ctx.set_output(0, y.reshape(*a.shape[:-1], w.shape[1]).astype(a.dtype, copy=False))
 
 
+class QuickGelu(Kernel):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.alpha = float(info.attr("alpha", 1.702))
+
+    def compute(self, ctx: KernelContext) -> None:
+        x = ctx.input(0)
+        w = wide(x)
+        with np.errstate(over="ignore"):
+            y = w / (1 + np.exp(-self.alpha * w))
+        ctx.set_output(0, y.astype(x.dtype, copy=False))
+
+
+def _layer_norm(s: np.ndarray, gamma: Any, beta: Any, eps: float) -> np.ndarray:
+    """LayerNormalization over the last axis of a float32/float64 array."""
+    mean = s.mean(axis=-1, keepdims=True)
+    y = s - mean
+    y *= 1 / np.sqrt(np.mean(np.square(y), axis=-1, keepdims=True) + eps)
+    y *= wide(gamma)
+    if beta is not None:
+        y += wide(beta)
+    return y
+
+
+class EmbedLayerNormalization(Kernel):
+    """Inputs: input_ids, segment_ids?, word_embedding, position_embedding,
+    segment_embedding?, gamma, beta, mask?, position_ids?; outputs: output, mask_index,
+    embedding_sum?."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.eps = float(info.attr("epsilon", 1e-12))
+        self.mask_index_type = int(info.attr("mask_index_type", 1))
+
+    def compute(self, ctx: KernelContext) -> None:
+        ids, seg, word, pos_table = (ctx.input(i) for i in range(4))
+        seg_table, gamma, beta, mask, pos_ids = (ctx.input(i) for i in range(4, 9))
+        if ids.ndim != 2:
+            raise ValueError(
+                f"EmbedLayerNormalization node '{self.info.name}': input_ids must be "
+                f"[batch, sequence], got {list(ids.shape)}"
+            )
+        batch, seq = ids.shape
+        for name, table, index in (("input_ids", word, ids), ("segment_ids", seg_table, seg)):
+            if (
+                table is not None
+                and index is not None
+                and (index.size and (index.min() < 0 or index.max() >= table.shape[0]))
+            ):
+                raise ValueError(
+                    f"EmbedLayerNormalization node '{self.info.name}': {name} must be in "
+                    f"[0, {table.shape[0]})"
+                )
+        if pos_ids is None:
+            pos_ids = np.arange(seq)
+        pos = (
+            np.broadcast_to(pos_ids, (batch, seq))
+            if pos_ids.ndim < 2 or pos_ids.shape[0] == 1
+            else pos_ids
+        )
+        s = wide(word)[ids] + wide(pos_table)[np.asarray(pos).reshape(batch, seq)]
+        if seg is not None and seg_table is not None:
+            s = s + wide(seg_table)[seg]
+        y = _layer_norm(s, gamma, beta, self.eps)
+        ctx.set_output(0, y.astype(word.dtype, copy=False))
+        if ctx.has_output(1):
+            if mask is None:
+                mask_index = np.zeros(batch, dtype=np.int32)
+            else:
+                mask_index = np.asarray(mask).astype(np.int32).sum(axis=1, dtype=np.int32)
+            ctx.set_output(1, mask_index)
+        if ctx.has_output(2):
+            ctx.set_output(2, s.astype(word.dtype, copy=False))
+
+
+class SimplifiedLayerNormalization(Kernel):
+    """RMS normalization over dims [axis, rank): ``x / sqrt(mean(x^2) + epsilon) * scale``;
+    the optional second output is the inverse RMS."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", -1))
+        self.eps = float(info.attr("epsilon", 1e-5))
+
+    def compute(self, ctx: KernelContext) -> None:
+        x, scale = ctx.input(0), ctx.input(1)
+        axis = self.axis if self.axis >= 0 else self.axis + x.ndim
+        w = wide(x)
+        inv = 1 / np.sqrt(
+            np.mean(np.square(w), axis=tuple(range(axis, x.ndim)), keepdims=True) + self.eps
+        )
+        ctx.set_output(0, (w * inv * wide(scale)).astype(x.dtype, copy=False))
+        if ctx.has_output(1):
+            ctx.set_output(1, inv.astype(F32, copy=False))
+
+
+class BiasSoftmax(Kernel):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", 1))
+
+    def compute(self, ctx: KernelContext) -> None:
+        x, bias = ctx.input(0), ctx.input(1)
+        s = wide(x) + wide(bias)
+        axis = self.axis if self.axis >= 0 else self.axis + s.ndim
+        # onnxruntime softmaxes over all the dims from axis on, as Softmax-1..12 does
+        shape = s.shape
+        flat = s.reshape(*shape[:axis], -1)
+        flat = flat - flat.max(axis=-1, keepdims=True)
+        e = np.exp(flat)
+        e /= e.sum(axis=-1, keepdims=True)
+        ctx.set_output(0, e.reshape(shape).astype(x.dtype, copy=False))
+
+
+class MatMulNBits(Kernel):
+    """``A @ W.T (+ bias)``, W [N, K] dequantized from ``B`` [N, blocks, block bytes] of
+    ``bits``-bit values (low bits first), one scale (and zero point) per block of
+    ``block_size`` along K; zero points default to the middle of the range."""
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.k = int(info.attr("K"))
+        self.n = int(info.attr("N"))
+        self.bits = int(info.attr("bits", 4))
+        self.block = int(info.attr("block_size"))
+        if not 2 <= self.bits <= 8 or self.block < 16 or self.block & (self.block - 1):
+            raise ValueError(
+                f"MatMulNBits node '{info.name}': bits must be 2..8 and block_size a power of "
+                f"2 >= 16, got bits={self.bits}, block_size={self.block}"
+            )
+        self.blocks = -(-self.k // self.block)
+        self.w: np.ndarray | None = None
+        if all(info.constant_input(i) is not None or not info.has_input(i) for i in (1, 2, 3, 4)):
+            self.w = self._dequantize(*(info.constant_input(i) for i in (1, 2, 3, 4)))
+
+    def _unpack(self, packed: np.ndarray, count: int) -> np.ndarray:
+        """[rows, count] values of ``bits`` bits from [rows, bytes] uint8 (low bits first)."""
+        bits = np.unpackbits(packed.astype(np.uint8), axis=-1, bitorder="little")
+        bits = bits[..., : count * self.bits].reshape(*packed.shape[:-1], count, self.bits)
+        return (bits.astype(np.int32) << np.arange(self.bits)).sum(axis=-1)
+
+    def _dequantize(self, b: Any, scales: Any, zero_points: Any, g_idx: Any) -> np.ndarray:
+        n, blocks, block = self.n, self.blocks, self.block
+        q = self._unpack(np.asarray(b).reshape(n, blocks, -1), block)  # [n, blocks, block]
+        sc = wide(np.asarray(scales)).reshape(n, blocks, 1)
+        if zero_points is None:
+            zp = np.full((n, blocks, 1), 1 << (self.bits - 1), dtype=np.float32)
+        elif np.asarray(zero_points).dtype == np.uint8:
+            zp = self._unpack(np.asarray(zero_points).reshape(n, -1), blocks)
+            zp = zp.reshape(n, blocks, 1).astype(np.float32)
+        else:  # zero points in the scales' type (already dequantized offsets)
+            zp = wide(np.asarray(zero_points)).reshape(n, blocks, 1)
+        if g_idx is not None:  # act-order: column k uses block g_idx[k]
+            g = np.asarray(g_idx).astype(np.int64)[: self.k]
+            qk = q.reshape(n, -1)[:, : self.k]
+            return (qk - zp[:, g, 0]) * sc[:, g, 0]
+        return ((q - zp) * sc).reshape(n, -1)[:, : self.k]
+
+    def compute(self, ctx: KernelContext) -> None:
+        a = ctx.input(0)
+        w = self.w
+        if w is None:
+            w = self._dequantize(ctx.input(1), ctx.input(2), ctx.input(3), ctx.input(4))
+        if a.shape[-1] != self.k:
+            raise ValueError(
+                f"MatMulNBits node '{self.info.name}': A's last dim is {a.shape[-1]}, K is {self.k}"
+            )
+        y = np.matmul(wide(a), w.T.astype(wide(a).dtype, copy=False))
+        bias = ctx.input(5)
+        if bias is not None:
+            y += wide(bias)
+        ctx.set_output(0, y.astype(a.dtype, copy=False))
+
+
+def _per_axis(v: np.ndarray, x: np.ndarray, axis: int) -> np.ndarray:
+    """A scale or zero point shaped to broadcast along ``axis`` of ``x``."""
+    v = np.asarray(v)
+    if v.ndim == 0 or v.size == 1:
+        return v.reshape(())
+    shape = [1] * x.ndim
+    shape[axis if axis >= 0 else axis + x.ndim] = v.size
+    return v.reshape(shape)
+
+
+class ContribDequantizeLinear(Kernel):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", 1))
+
+    def compute(self, ctx: KernelContext) -> None:
+        x, scale, zp = ctx.input(0), ctx.input(1), ctx.input(2)
+        xs = x.astype(np.float32)
+        if zp is not None:
+            xs = xs - _per_axis(zp, x, self.axis).astype(np.float32)
+        y = xs * wide(_per_axis(scale, x, self.axis))
+        ctx.set_output(0, y.astype(scale.dtype, copy=False))
+
+
+class ContribQuantizeLinear(Kernel):
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", 1))
+
+    def compute(self, ctx: KernelContext) -> None:
+        x, scale, zp = ctx.input(0), ctx.input(1), ctx.input(2)
+        dtype = np.asarray(zp).dtype if zp is not None else np.dtype(np.uint8)
+        q = np.rint(wide(x) / wide(_per_axis(scale, x, self.axis)))  # half to even
+        if zp is not None:
+            q += _per_axis(zp, x, self.axis).astype(np.float32)
+        info = np.iinfo(dtype) if dtype.kind in "iu" else None
+        lo, hi = (
+            (info.min, info.max)
+            if info
+            else (float(dtype.type(-np.inf)), float(dtype.type(np.inf)))
+        )
+        if dtype.name in ("int4", "uint4"):
+            lo, hi = (-8, 7) if dtype.name == "int4" else (0, 15)
+        ctx.set_output(0, np.clip(q, lo, hi).astype(dtype))
+
+
 def register(registry: KernelRegistry) -> None:
     registry.kernel("Gelu", domain=MS, since=1)(Gelu)
     registry.kernel("BiasGelu", domain=MS, since=1)(BiasGelu)
     registry.kernel("FastGelu", domain=MS, since=1)(FastGelu)
     registry.kernel("SkipLayerNormalization", domain=MS, since=1)(SkipLayerNormalization)
     registry.kernel("MatMulBias", domain=PLUG, since=1)(MatMulBias)
+    registry.kernel("QuickGelu", domain=MS, since=1)(QuickGelu)
+    registry.kernel("LayerNormalization", since=1, until=16)(LayerNormalization)
+    registry.kernel("SimplifiedLayerNormalization", since=1)(SimplifiedLayerNormalization)
+    registry.kernel("EmbedLayerNormalization", domain=MS, since=1)(EmbedLayerNormalization)
+    registry.kernel("BiasSoftmax", domain=MS, since=1)(BiasSoftmax)
+    registry.kernel("MatMulNBits", domain=MS, since=1)(MatMulNBits)
+    registry.kernel("QuantizeLinear", domain=MS, since=1)(ContribQuantizeLinear)
+    registry.kernel("DequantizeLinear", domain=MS, since=1)(ContribDequantizeLinear)

@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 
-from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
+from onnxplug.ep import InvalidArgument, Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
 
-from ._util import wide
+from ._util import check_spatial_input, wide
 
 
 def pad_spatial(x: np.ndarray, pads: list[int], value: float = 0) -> np.ndarray:
@@ -92,6 +92,7 @@ class Conv(ConvBase):
     def convolve(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
         """The convolution plus bias in the compute type (float32 for 16-bit floats), as a
         new array the caller may overwrite."""
+        check_spatial_input(x, f"Conv node '{self.info.name}'", InvalidArgument)
         x, w = wide(x), wide(w)
         n_sp = x.ndim - 2
         kernel, strides, dilations = self.window(w)
@@ -102,6 +103,8 @@ class Conv(ConvBase):
         M, G = w.shape[0], self.group
         if C != w.shape[1] * G or M % G:
             raise ValueError(f"Conv: input {x.shape}, weights {w.shape} and group {G} disagree")
+        if N == 0:  # an empty batch: an empty output (the GEMM paths cannot reshape it)
+            return np.zeros((0, M, *out_sp), dtype=x.dtype)
         wg = w.reshape(G, M // G, -1)
         if w.shape[1] == 1 and M == G and G > 1:
             y = self.depthwise(pad_spatial(x, pads), w, kernel, strides, dilations, out_sp)

@@ -14,7 +14,7 @@ import numpy as np
 
 from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
 
-from ._util import wide
+from ._util import check_spatial_input, wide
 from .conv import pad_spatial, tap_slices
 
 
@@ -31,6 +31,7 @@ class Pool(Kernel):
 
     def geometry(self, x: np.ndarray) -> tuple[list[int], list[int], list[int]]:
         """Output spatial shape, pads, and pads extended at the end so every window fits."""
+        check_spatial_input(x, f"{self.info.op_type} node '{self.info.name}'")
         out, pads = shapes.window_geometry(
             x.shape[2:],
             self.kernel,
@@ -124,8 +125,31 @@ class AveragePool(Pool):
             total = total * c.reshape([-1 if j == i else 1 for j in range(n)])
         return total
 
+    def no_window(self, x: np.ndarray) -> list[int] | None:
+        """The output shape when explicit pads leave no room for one window: onnxruntime then
+        returns an empty output (an output dim of 0) where the geometry would refuse it."""
+        if self.auto_pad not in ("NOTSET", "VALID"):
+            return None  # SAME_* pads always leave room
+        n = len(self.kernel)
+        pads = list(self.pads) if self.pads and self.auto_pad == "NOTSET" else [0] * (2 * n)
+        out = []
+        for i in range(n):
+            span = (
+                x.shape[2 + i]
+                + pads[i]
+                + pads[n + i]
+                - ((self.kernel[i] - 1) * self.dilations[i] + 1)
+            )
+            out.append(span // self.strides[i] + 1 if span >= 0 else 0)
+        return [*x.shape[:2], *out] if 0 in out else None
+
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
+        check_spatial_input(x, f"AveragePool node '{self.info.name}'")
+        empty = self.no_window(x)
+        if empty is not None:
+            ctx.set_output(0, np.zeros(empty, dtype=x.dtype))
+            return
         out, pads, ext = self.geometry(x)
         y = self.reduce(pad_spatial(wide(x), ext, 0), np.add, out)
         y /= self.counts(x.shape, out, pads).astype(y.dtype)
@@ -135,6 +159,7 @@ class AveragePool(Pool):
 class GlobalAveragePool(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
+        check_spatial_input(x, f"GlobalAveragePool node '{self.info.name}'")
         axes = tuple(range(2, x.ndim))
         ctx.set_output(0, np.mean(wide(x), axis=axes, keepdims=True).astype(x.dtype, copy=False))
 
@@ -142,6 +167,7 @@ class GlobalAveragePool(Kernel):
 class GlobalMaxPool(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
+        check_spatial_input(x, f"GlobalMaxPool node '{self.info.name}'")
         ctx.set_output(0, np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True))
 
 
@@ -154,6 +180,7 @@ class GlobalLpPool(Kernel):
 
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
+        check_spatial_input(x, f"GlobalLpPool node '{self.info.name}'")
         axes = tuple(range(2, x.ndim))
         w = wide(x)
         y = np.power(np.sum(np.power(np.abs(w), self.p), axis=axes, keepdims=True), 1.0 / self.p)

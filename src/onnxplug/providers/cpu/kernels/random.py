@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, np_dtype
+from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, node_seed, np_dtype
 
 
 class Multinomial(Kernel):
     """Multinomial: ``sample_size`` class indices per batch row, drawn from the categorical
     distribution whose unnormalized log-probabilities are the input row. A ``seed`` attribute
-    makes the node's draws reproducible from session to session."""
+    (or ``onnxplug.set_seed``) makes the node's draws reproducible from session to session."""
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.sample_size = int(info.attr("sample_size", 1))
         self.dtype = np_dtype(int(info.attr("dtype", 6)))  # int32 by default
-        seed = info.attr("seed")
-        self.rng = np.random.default_rng(None if seed is None else int(seed))
+        self.rng = np.random.default_rng(node_seed(info.attr("seed")))
 
     def compute(self, ctx: KernelContext) -> None:
         logits = ctx.input(0).astype(np.float64)

@@ -9,12 +9,13 @@ and its ``_run`` is called with the node's attributes, behind our kernel API.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 import numpy as np
 import onnx
 
-from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry
+from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, node_seed
 
 _DOMAIN_MODULES = {
     "": "onnx.reference.ops._op_list",
@@ -23,8 +24,23 @@ _DOMAIN_MODULES = {
     "ai.onnx.preview": "onnx.reference.ops.aionnx_preview._op_list",
     "experimental": "onnx.reference.ops.experimental._op_list",
 }
+# What onnx.reference says while it computes (numpy's RuntimeWarnings, its own notes) is not
+# the user's business: results follow IEEE (inf, nan) as onnxruntime's do.
+warnings.filterwarnings("ignore", module=r"onnx\.reference(\.|$)")
+
 # Ops the host implements itself (subgraphs are executed by the runtime, not the reference).
 _SKIP = {("", "If"), ("", "Loop"), ("", "Scan")}
+# Random ops whose unseeded draws take onnxplug.set_seed's seed.
+_RANDOM = {
+    ("", op)
+    for op in (
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Bernoulli",
+    )
+}
 # Ops that read only their input's shape: the input is never copied to the host for them.
 _SHAPE_ONLY = {("", "Shape"), ("", "Size")}
 
@@ -64,9 +80,15 @@ class ReferenceKernel(Kernel):
             )
         opsets = dict(node_opsets(info))
         self.op = self.op_class(node.proto, _run_params(opsets))
+        if (info.domain, info.op_type) in _RANDOM and info.attr("seed") is None:
+            seed = node_seed()  # onnxplug.set_seed's, read like onnxruntime at kernel creation
+            if seed is not None:
+                self.op.seed = float(seed)
+                self.op.attributes_names_ = [*self.op.attributes_names_, "seed"]
 
     def compute(self, ctx: KernelContext) -> None:
-        res = self.op.run(*ctx.inputs)
+        with np.errstate(all="ignore"):  # IEEE results are the answer (overflow in exp: inf)
+            res = self.op.run(*ctx.inputs)
         if not isinstance(res, tuple):
             res = (res,)
         for i, v in enumerate(res):

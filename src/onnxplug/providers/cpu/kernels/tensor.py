@@ -12,7 +12,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, shapes
+from onnxplug.ep import (
+    InvalidArgument,
+    Kernel,
+    KernelContext,
+    KernelInfo,
+    KernelRegistry,
+    node_seed,
+    shapes,
+)
 
 from ._util import frozen, ints
 
@@ -240,8 +248,25 @@ class Pad(Kernel):
         if self.mode == "constant":
             y = np.pad(x, widths, mode="constant", constant_values=np.asarray(value, x.dtype))
         else:
+            self.check_widths(x.shape, widths)
             y = np.pad(x, widths, mode=self.mode)
         ctx.set_output(0, y)
+
+    def check_widths(self, shape: tuple[int, ...], widths: list[tuple[int, int]]) -> None:
+        """onnxruntime's limits: reflect pads at most dim - 1 per side (numpy would reflect
+        again), and edge/reflect need data on an axis they pad."""
+        for axis, ((b, e), d) in enumerate(zip(widths, shape)):
+            if (b or e) and d == 0:
+                raise InvalidArgument(
+                    f"Pad {self.mode}: axis {axis} has no data to pad from. Input shape: "
+                    f"{list(shape)}"
+                )
+            if self.mode == "reflect" and max(b, e) > d - 1:
+                side, pad = ("pre", b) if b > d - 1 else ("post", e)
+                raise InvalidArgument(
+                    f"Pad reflect: {side}-pad ({pad}) exceeds maximum allowed ({d - 1}) for "
+                    f"axis {axis}. Input shape: {list(shape)}"
+                )
 
 
 class Pad2(Pad):
@@ -328,7 +353,7 @@ class Dropout(Kernel):
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
-        self.seed = info.attr("seed")
+        self.seed = node_seed(info.attr("seed"))
 
     def compute(self, ctx: KernelContext) -> None:
         x, ratio, training = ctx.input(0), ctx.input(1), ctx.input(2)
