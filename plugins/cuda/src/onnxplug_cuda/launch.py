@@ -101,7 +101,7 @@ class Launch:
 
     def __call__(self) -> None:
         err = self._call(*self._args)[0]
-        if err:
+        if int(err):
             raise CudaError(f"cuLaunchKernel({self.name}) failed: {err!r}")
 
 

@@ -105,7 +105,7 @@ class CudaDataTransfer(DataTransfer):
 
         def copy() -> None:
             err = memcpy(*args)[0]
-            if err:
+            if int(err):
                 check((err,), "cudaMemcpyAsync")
 
         return copy
