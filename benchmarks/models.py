@@ -319,6 +319,7 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--check", action="store_true", help="compare with the CPU provider too")
     ap.add_argument("--profile", action="store_true", help="host µs per op (batch 1, fp32)")
+    ap.add_argument("--batches", default=None, help="only these batch sizes (e.g. 1)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = args.models.split(",")
@@ -329,7 +330,10 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     profiles: dict[str, list[tuple]] = {}
     for name in names:
-        for b in [1, 32] if name == "resnet50" else [1, 8]:
+        batches = [1, 32] if name == "resnet50" else [1, 8]
+        if args.batches:
+            batches = [b for b in batches if str(b) in args.batches.split(",")]
+        for b in batches:
             for fp16 in [False, True] if args.fp16 else [False]:
                 path = model_path(args.out, name, b)
                 if fp16:
@@ -379,6 +383,12 @@ def main() -> int:
         print(f"\nhost profile, {name} b1 fp32 eager (op, nodes, µs per node, µs per run):")
         for op, n, per, tot in prof[:15]:
             print(f"  {op:28s} {n:4d} {per:8.1f} {tot:9.1f}")
+    from onnxplug_cuda.kernels import _base
+
+    if _base.UNPREPARED:
+        print("\nnodes that ran unprepared (op: first reason):")
+        for op, why in sorted(_base.UNPREPARED.items()):
+            print(f"  {op}: {why[:160]}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"rows": rows, "tiny_us": tiny, "profiles": profiles}, fh, indent=1)

@@ -67,6 +67,11 @@ def main() -> int:
                 args.runs,
                 args.top,
             )
+    from onnxplug_cuda.kernels import _base
+
+    print("\nnodes that ran unprepared (op: first reason):")
+    for op, why in sorted(_base.UNPREPARED.items()):
+        print(f"  {op}: {why[:200]}")
     from onnx import TensorProto, helper
 
     g = helper.make_graph(

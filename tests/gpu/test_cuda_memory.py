@@ -67,7 +67,7 @@ def _session(**options: Any) -> ox.InferenceSession:
 
 
 def _factory() -> Any:
-    return next(d.factory for d in ox.get_ep_devices() if d.ep_name == CUDA)
+    return next(d.factory for d in _raw_devices() if d.ep_name == CUDA)
 
 
 def _device_mi() -> ox.OrtMemoryInfo:
@@ -75,7 +75,7 @@ def _device_mi() -> ox.OrtMemoryInfo:
 
 
 def _shared() -> Any:
-    mi = next(d.memory_info for d in ox.get_ep_devices() if d.ep_name == CUDA)
+    mi = next(d.memory_info for d in _raw_devices() if d.ep_name == CUDA)
     return _factory().shared_allocator(mi)
 
 
@@ -250,3 +250,10 @@ def test_out_of_memory_names_the_node_and_the_session_recovers(device_allocator)
         np.testing.assert_allclose(s.run(None, {"x": x})[0], _ref(x), rtol=1e-4, atol=1e-4)
         assert s.get_allocator_stats()["cuda:0"]["InUse"] == base
     del s
+
+
+def _raw_devices() -> list:
+    """The plugins' EP devices themselves (``get_ep_devices`` returns onnxruntime's views)."""
+    from onnxplug.session.environment import get_environment
+
+    return get_environment().registry.ep_devices()

@@ -358,6 +358,8 @@ class GraphRunner:
                 scratch,
                 stream,
             )
+            if cache is not None:
+                ctx._workspace = cache.stack(stream)
             f.ctxs.append(ctx)
             release: tuple[int, ...] = ()
             if recorder is None:  # a recording run releases as it records
@@ -954,6 +956,9 @@ def _binder(frame: Frame, index: int, kernel: Kernel, release: tuple[int, ...]) 
     launcher (or ``compute``) then replaces the step for the frame's later runs."""
 
     def first(ctx: KernelContext) -> None:
+        stack = ctx._workspace
+        if stack is not None:
+            stack.reset()  # this node's prepared calls start at the bottom of the workspace
         launcher = kernel.bind(ctx)
         frame.steps[index] = (launcher or kernel.compute, ctx, release)
 

@@ -313,6 +313,7 @@ class KernelContext:
         "_out",
         "_out_alloc",
         "_scratch",
+        "_workspace",
         "_values",
         "info",
         "run_options",
@@ -337,6 +338,7 @@ class KernelContext:
         self.info = info
         self._out_alloc = out_alloc
         self._scratch = scratch
+        self._workspace: Any = None  # the frame's workspace stack for this stream (see below)
         self.stream = stream
         self.run_options: Any = None
 
@@ -410,6 +412,15 @@ class KernelContext:
             self._values[s] = value
 
     # resources --------------------------------------------------------------------------
+    def workspace(self, nbytes: int) -> int:
+        """Device memory for a prepared call (``Kernel.bind``) to use as scratch each time it
+        runs: a slice of a block the frame shares between the prepared calls of its stream
+        (their runs never overlap on one stream). Slices taken by one node's ``bind`` never
+        overlap; another node's may reuse the same memory. Returns the address."""
+        if self._workspace is None:
+            raise RuntimeError("this context has no workspace (a host kernel, or no frame)")
+        return int(self._workspace.take(nbytes))
+
     def scratch(self, nbytes: int) -> Any:
         """Temporary device memory for this call (an Allocation tagged with the stream)."""
         if self._scratch is None:

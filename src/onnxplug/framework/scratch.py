@@ -55,7 +55,15 @@ class FrameScratch(Allocator):
         self._holding: list[int] | None = None  # value blocks handed out while holding
         self._held: set[int] = set()
         self._freed_held: set[int] = set()  # held blocks their user freed meanwhile
+        self._hold_free: dict[tuple[int, Any, int], list[int]] = {}  # ... during this hold
         self.workspaces = _Workspaces(self)
+        self.stacks: dict[Any, WorkspaceStack] = {}  # stream -> the prepared calls' workspace
+
+    def stack(self, stream: Any) -> WorkspaceStack:
+        st = self.stacks.get(stream)
+        if st is None:
+            st = self.stacks[stream] = WorkspaceStack(self, stream)
+        return st
 
     @property
     def is_stream_aware(self) -> bool:
@@ -71,6 +79,14 @@ class FrameScratch(Allocator):
         key = (size, stream, kind)
         hold = kind == VALUE and self._holding is not None
         with self._lock:
+            if hold:
+                # a held block freed earlier in the same capture: the graph reuses it in
+                # stream order, as the eager run did
+                reuse = self._hold_free.get(key)
+                if reuse:
+                    ptr = reuse.pop()
+                    self._freed_held.discard(ptr)
+                    return ptr
             blocks = self._free.get(key)
             if blocks:
                 ptr = blocks.pop()
@@ -105,6 +121,8 @@ class FrameScratch(Allocator):
         with self._lock:
             if ptr in self._held:
                 self._freed_held.add(ptr)  # the holder's release frees it
+                if self._holding is not None:
+                    self._hold_free.setdefault(self._live[ptr], []).append(ptr)
                 return
             key = self._live.pop(ptr, None)
             if key is None:
@@ -126,6 +144,7 @@ class FrameScratch(Allocator):
     def end_hold(self) -> list[int]:
         with self._lock:
             held, self._holding = self._holding or [], None
+            self._hold_free.clear()
         return held
 
     def release_held(self, ptrs: list[int]) -> None:
@@ -171,8 +190,12 @@ class FrameScratch(Allocator):
             freed = list(self._freed_held)
             self._freed_held.clear()
             self._held.clear()
+            stacks, self.stacks = list(self.stacks.values()), {}
         for p in freed:
             self.free(p)
+        for st in stacks:
+            for ptr, _ in st.blocks:
+                self.free(ptr)
         self.release_free()
 
     def get_stats(self) -> dict[str, int]:
@@ -180,6 +203,42 @@ class FrameScratch(Allocator):
             in_use = sum(key[0] for key in self._live.values())
             owned = sum(self._owned.values())
         return {"InUse": in_use, "TotalAllocated": owned, "NumAllocs": self.misses}
+
+
+class WorkspaceStack:
+    """The workspace of a frame's prepared calls on one stream: slices of blocks that live as
+    long as the frame. Each node's prepare phase starts again at the bottom (``reset``) and takes
+    consecutive slices, so its slices never overlap while different nodes share the memory
+    (their calls run one after another on the stream). A request that does not fit adds a
+    block; blocks are never freed before the frame, since prepared calls hold their addresses.
+    """
+
+    ALIGN = 256
+    MIN_BLOCK = 4 << 20
+
+    def __init__(self, cache: FrameScratch, stream: Any):
+        self.cache = cache
+        self.stream = stream
+        self.blocks: list[tuple[int, int]] = []  # (ptr, size)
+        self._at = (0, 0)  # (block index, offset)
+
+    def reset(self) -> None:
+        self._at = (0, 0)
+
+    def take(self, nbytes: int) -> int:
+        size = max(self.ALIGN, (nbytes + self.ALIGN - 1) // self.ALIGN * self.ALIGN)
+        k, off = self._at
+        while k < len(self.blocks):
+            ptr, cap = self.blocks[k]
+            if off + size <= cap:
+                self._at = (k, off + size)
+                return ptr + off
+            k, off = k + 1, 0
+        cap = max(size, self.MIN_BLOCK)
+        ptr = self.cache.take(cap, self.stream, WORKSPACE)  # never freed before the frame
+        self.blocks.append((ptr, cap))
+        self._at = (len(self.blocks) - 1, size)
+        return ptr
 
 
 class _Workspaces(Allocator):
@@ -223,4 +282,4 @@ def exit_scratch(prev: Any) -> None:
     _tls.scratch = prev
 
 
-__all__ = ["FrameScratch", "current_scratch", "enter_scratch", "exit_scratch"]
+__all__ = ["FrameScratch", "WorkspaceStack", "current_scratch", "enter_scratch", "exit_scratch"]

@@ -59,6 +59,14 @@ class CupyBackend:
         mem = cp.cuda.UnownedMemory(t.ptr, max(t.nbytes, 1), keep, self.ordinal)
         return cp.ndarray(t.shape, dt, cp.cuda.MemoryPointer(mem, 0))
 
+    def array_at(self, ptr: int, shape: tuple[int, ...], dtype: Any, keep: Any) -> Any:
+        """A CuPy array over device memory at ``ptr`` (a workspace slice), keeping ``keep``."""
+        cp = self.xp
+        dt = _STORAGE_AS.get(np.dtype(dtype).name, np.dtype(dtype))
+        n = int(np.prod(shape)) * np.dtype(dt).itemsize
+        mem = cp.cuda.UnownedMemory(ptr, max(n, 1), keep, self.ordinal)
+        return cp.ndarray(shape, dt, cp.cuda.MemoryPointer(mem, 0))
+
     def wrap(self, arr: Any, dtype: Any = None) -> DeviceTensor:
         """A DeviceTensor over a CuPy array's memory (made C-contiguous first)."""
         cp = self.xp

@@ -414,8 +414,8 @@ class LtGemm:
         if sc is None:
             arrs = (np.array([alpha], geo.scale), np.array([sk[2]], geo.scale))
             sc = self._scalars[sk] = (arrs[0].ctypes.data, arrs[1].ctypes.data, arrs)
-        ws = ctx.scratch(plan.ws) if plan.ws else None  # the frame's, for the launcher's life
-        ws_ptr = int(ws.ptr) if ws is not None else 0
+        ws_ptr = ctx.workspace(plan.ws) if plan.ws else 0  # the frame's, shared by calls
+        ws = None
         stream = ctx.stream
         handle, sh = stream.cublaslt, stream.handle
         c_is_d = c is None or c is out

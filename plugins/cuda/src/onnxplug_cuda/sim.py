@@ -61,6 +61,9 @@ class NumpyBackend:
         counters.bump(counters.VIEWS_BUILT)
         return t.host_array()
 
+    def array_at(self, ptr: int, shape: tuple[int, ...], dtype: Any, keep: Any) -> np.ndarray:
+        return host_view(ptr, shape, dtype, keep)
+
     def wrap(self, arr: Any, dtype: Any = None) -> DeviceTensor:
         arr = np.asarray(arr)
         if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)

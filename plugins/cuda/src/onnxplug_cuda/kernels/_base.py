@@ -38,6 +38,11 @@ FLOATS_BF16 = FLOATS + BF16
 ALL_FIXED_BF16 = ALL_FIXED + BF16
 
 
+# op type -> why a node of it ran unprepared (the first reason seen): a diagnostic of the
+# fast path (benchmarks/profile_host.py prints it)
+UNPREPARED: dict[str, str] = {}
+
+
 class CudaKernel(Kernel):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Every ``compute`` first makes the call's stream CuPy's current stream (and the one
@@ -82,17 +87,24 @@ class CudaKernel(Kernel):
         """The frame's first run: prepare, run what was prepared, and return the launcher
         for the later runs (it checks that the inputs are the tensors it was bound to)."""
         run = None
+        op = self.info.op_type
         if type(self).prepare is not CudaKernel.prepare:
             self.be.activate(ctx.stream)
             try:
                 run = self.prepare(ctx)
-            except Exception:  # no prepared form for this case: compute stays correct
+            except Exception as e:  # no prepared form for this case: compute stays correct
                 run = None
+                UNPREPARED.setdefault(op, f"{type(e).__name__}: {e}")
+            if run is None:
+                UNPREPARED.setdefault(op, "no prepared form for these operands")
         if run is None:
             self.compute(ctx)
             return None
         run()
-        return self._launcher(ctx, run)
+        launcher = self._launcher(ctx, run)
+        if launcher is None:
+            UNPREPARED.setdefault(op, "an input or output is not a planned tensor")
+        return launcher
 
     def stream_handle(self, ctx: KernelContext) -> int:
         s = ctx.stream

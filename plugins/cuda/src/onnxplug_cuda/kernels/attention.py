@@ -23,6 +23,7 @@ import numpy as np
 from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes
 
 from .. import blas
+from ..launch import bound_calls, function_launch
 from . import _fused as F
 from ._base import BF16, CudaKernel
 
@@ -290,6 +291,148 @@ class Attention(_AttentionBase):
             present = self.alloc(ctx, 1, (2, *k4.shape), dt)
             present[0] = k4
             present[1] = v4
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        """The common case as bound calls: the packed projection GEMM, the three head copies,
+        the mask's additive term (one elementwise kernel from the mask input, each run), the
+        two strided-batch GEMMs around the masked softmax, and the copy into the output. The
+        temporaries are slices of the frame's workspace (``ctx.workspace``)."""
+        xp = self.xp
+        x, w, bias, mask, past = (self.arg(ctx, i) for i in range(5))
+        attn_bias = self.arg(ctx, 5)
+        if past is not None or ctx.has_output(1) or x.ndim != 3 or w.ndim != 2:
+            return None
+        b, s, din = x.shape
+        n, total = self.heads, w.shape[1]
+        dq, dk, dv = self.sizes or [total // 3] * 3
+        if w.shape[0] != din or dq + dk + dv != total or dq != dk or dq % n or dv % n:
+            return None  # compute raises the error
+        if bias is not None and bias.shape != (total,):
+            return None
+        dt = np.dtype(self.dtype if self.dtype is not None else ctx.input(0).dtype)
+        wide = np.dtype(np.float64 if dt == np.float64 else np.float32)
+        h, hv, t = dq // n, dv // n, s
+        shape = (b, n, s, t)
+        add_src = self._additive_source(attn_bias, mask, shape, wide)
+        if add_src is _UNSUPPORTED:
+            return None
+        sh = self.stream_handle(ctx)
+        be, st = self.be, x.dtype  # storage dtype (bfloat16: uint16)
+
+        def buf(shape_: tuple[int, ...], dtype_: Any) -> Any:
+            nbytes = int(np.prod(shape_)) * np.dtype(dtype_).itemsize
+            return be.array_at(ctx.workspace(nbytes), shape_, dtype_, ctx)
+
+        qkv = buf((b * s, total), st)
+        q4, k4, v4 = buf((b, n, s, h), st), buf((b, n, t, h), st), buf((b, n, t, hv), st)
+        scores, ctx4 = buf(shape, st), buf((b, n, s, hv), st)
+        y = self.alloc(ctx, 0, (b, s, n * hv), dt)
+        calls = [self.gemm.prepare(ctx, x.reshape(b * s, din), w, qkv, bias=bias, dtype=dt)]
+        q3 = qkv.reshape(b, s, total)
+        for dst, lo, hi, hd in ((q4, 0, dq, h), (k4, dq, dq + dk, h), (v4, dq + dk, total, hv)):
+            src = q3[..., lo:hi].reshape(b, s, n, hd).transpose(0, 2, 1, 3)
+            calls.append(F.COPY.bind(xp, src, dst, stream=sh))
+        add = None
+        if add_src is not None:
+            add, make = add_src(buf, sh)
+            if make is not None:
+                calls.append(make)
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(h)
+        calls.append(self.gemm.prepare(ctx, q4, k4, scores, trans_b=True, alpha=scale, dtype=dt))
+        calls.append(self._softmax_call(scores, add, dt, sh))
+        calls.append(self.gemm.prepare(ctx, scores, v4, ctx4, dtype=dt))
+        out4 = y.reshape(b, s, n, hv)
+        calls.append(F.COPY.bind(xp, ctx4.transpose(0, 2, 1, 3), out4, stream=sh))
+        if any(c is None for c in calls):
+            return None
+        return bound_calls(calls)
+
+    def _additive_source(self, attn_bias: Any, mask: Any, shape: tuple, wide: np.dtype) -> Any:
+        """How the additive term (attention bias plus the mask's filter value) is made each
+        run: None (no term), or a function (buf, stream) -> (array, bound call or None)."""
+        b, _, s, t = shape
+        xp = self.xp
+        if attn_bias is not None and (
+            len(attn_bias.shape) > 4 or _broadcast(attn_bias.shape, shape) != shape
+        ):
+            return _UNSUPPORTED
+        bias4 = None
+        if attn_bias is not None:
+            bias4 = attn_bias.reshape((1,) * (4 - attn_bias.ndim) + attn_bias.shape)
+        mask4 = None
+        if mask is not None:
+            if mask.shape == (b, t):
+                mask4 = mask.reshape(b, 1, 1, t)
+            elif mask.shape == (b, s, t):
+                mask4 = mask.reshape(b, 1, s, t)
+            else:
+                return _UNSUPPORTED  # key lengths (1-D): the unprepared path
+        if bias4 is None and mask4 is None:
+            return None
+        f = wide.type(self.mask_filter)
+
+        def make(buf: Any, sh: int) -> tuple[Any, Any]:
+            if mask4 is None:
+                assert bias4 is not None
+                if bias4.dtype == wide:
+                    return bias4, None  # read in place, through its strides
+                out = buf(bias4.shape, wide)
+                return out, F.CAST.bind(xp, bias4, out, stream=sh)
+            out_shape = mask4.shape if bias4 is None else _broadcast(bias4.shape, mask4.shape)
+            out = buf(out_shape, wide)
+            if bias4 is None:
+                return out, MASK_TERM.bind(xp, mask4, f, out, stream=sh)
+            return out, BIAS_MASK_TERM.bind(xp, bias4, mask4, f, out, stream=sh)
+
+        return make
+
+    def _softmax_call(self, scores: Any, add: Any, dt: np.dtype, sh: int) -> Any:
+        xp = self.xp
+        if xp is np:
+            causal, filt, zero_nan = self.causal, self.mask_filter, self.zero_nan
+            return lambda: masked_softmax_np(scores, add, causal, filt, zero_nan)
+        b, n, s, t = scores.shape
+        strides = [0, 0, 0, 0]
+        if add is not None:
+            a4 = add.reshape((1,) * (4 - add.ndim) + add.shape)
+            strides = [0 if d == 1 else st // a4.itemsize for d, st in zip(a4.shape, a4.strides)]
+        fn = SOFTMAX_ROWS.function(xp, "oxa_softmax_" + F.storage_key(dt))
+        return function_launch(
+            fn,
+            (b * n * s,),
+            (F.block_size(t),),
+            (
+                scores, add, *(np.int64(v) for v in strides), np.int64(n), np.int64(s),
+                np.int64(t), np.int32(self.causal), np.float64(self.mask_filter),
+                np.int32(self.zero_nan),
+            ),
+            sh,
+        )  # fmt: skip
+
+
+_UNSUPPORTED = object()
+
+
+def _mask_term_np(m: np.ndarray, f: Any, y: np.ndarray) -> None:
+    np.copyto(y, np.where(m == 0, f, 0))
+
+
+def _bias_mask_term_np(a: np.ndarray, m: np.ndarray, f: Any, y: np.ndarray) -> None:
+    np.copyto(y, F.widen(a) + np.where(m == 0, f, 0), casting="unsafe")
+
+
+# the mask's additive term: the filter value where the mask is 0 (plus the attention bias)
+MASK_TERM = F.Elementwise(
+    "M m, W f", "W y", "y = (m == M(0)) ? f : W(0)", "oxa_mask_term", _mask_term_np
+)
+BIAS_MASK_TERM = F.Elementwise(
+    "B a, M m, W f",
+    "W y",
+    "typedef ox_wide_t<B>::type WB; y = W(WB(a)) + ((m == M(0)) ? f : W(0))",
+    "oxa_bias_mask_term",
+    _bias_mask_term_np,
+    F.WIDE_PRE,
+)
 
 
 def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
