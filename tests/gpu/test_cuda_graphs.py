@@ -269,3 +269,19 @@ def test_failed_capture_warns_names_the_node_and_keeps_the_session_usable():
         np.testing.assert_array_equal(nz, np.nonzero(x)[0][None])
     finally:
         indexing.NonZero.graph_capturable = old
+
+
+def test_the_steady_state_runs_prepared_calls():
+    """After the binding run every node of the block runs its prepared call (a launcher),
+    not its compute: the fast path is really taken on the GPU."""
+    sess = ox.InferenceSession(block(), providers=[CUDA, CPU])
+    x = rand(2, 8, 32)
+    for _ in range(3):
+        sess.run(None, {"x": x})
+    frame = next(iter(sess._runner._signatures.values())).frames[0]
+    calls = {
+        spec.info.op_type: getattr(step[0], "__name__", "")
+        for step, spec in zip(frame.steps, frame.specs)
+        if spec is not None
+    }
+    assert "compute" not in calls.values(), calls

@@ -86,7 +86,7 @@ class Launch:
         values = [_c_value(p) for p in params]
         arr = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         self._keep = (values, arr, function)  # the parameter block must outlive the launches
-        fn = driver.CUfunction(int(getattr(function, "ptr", function)))
+        fn = driver.CUfunction(_function_handle(function))
         self._args = (
             fn,
             *grid,
@@ -103,6 +103,13 @@ class Launch:
         err = self._call(*self._args)[0]
         if int(err):
             raise CudaError(f"cuLaunchKernel({self.name}) failed: {err!r}")
+
+
+def _function_handle(function: Any) -> int:
+    """The CUfunction of a CuPy ``RawKernel`` (``get_function``'s result: its compiled
+    ``kernel`` holds the handle), a ``cupy.cuda.Function``, or an int."""
+    f = getattr(function, "kernel", function)  # RawKernel -> its cupy.cuda.Function
+    return int(getattr(f, "ptr", f))
 
 
 def _c_value(p: Any) -> Any:
