@@ -725,7 +725,12 @@ class GraphRunner:
             buf = bufs[k] if bufs else None
             if isinstance(v, DeviceTensor) and v.device == dev:
                 if buf is not None and graph_mode and v is not buf and v.shape == buf.shape:
-                    plan.transfer.copy(v, buf, stream)
+                    # a graph reads the buffer: copy (bound once for a value bound once,
+                    # as with IOBinding)
+                    bound = frame.feed_calls[k]
+                    if not isinstance(bound, tuple) or bound[0] is not v:
+                        bound = frame.feed_calls[k] = (v, plan.transfer.bind_copy(v, buf, stream))
+                    bound[1]()
                     values[slot] = buf
                 else:
                     values[slot] = v
@@ -740,7 +745,7 @@ class GraphRunner:
                 if stage is not None:
                     np.copyto(stage[1], v)
                     call = frame.feed_calls[k]
-                    if call is None:
+                    if not callable(call):
                         call = frame.feed_calls[k] = plan.transfer.bind_copy(stage[0], buf, stream)
                     call()
                 else:
@@ -770,8 +775,12 @@ class GraphRunner:
                 st = frame.out_stage[i] if frame.out_stage else None
                 if st is not None and st[0].shape == v.shape and st[0].dtype == v.dtype:
                     bound = frame.out_calls[i]
-                    if bound is None or bound[0] is not v:
-                        bound = frame.out_calls[i] = (v, plan.transfer.bind_copy(v, st[0], stream))
+                    if bound is None or bound[0] is not v or bound[2] is not st[0]:
+                        bound = frame.out_calls[i] = (
+                            v,
+                            plan.transfer.bind_copy(v, st[0], stream),
+                            st[0],
+                        )
                     bound[1]()
                     pending.append((i, st[1].copy))
                 else:
@@ -790,7 +799,14 @@ class GraphRunner:
                         f"output '{name}' is {got[1]}{list(got[0])} but the bound value is "
                         f"{mode.dtype}{list(mode.shape)}"
                     )
-                if isinstance(mode, DeviceTensor) or isinstance(v, DeviceTensor):
+                if isinstance(mode, DeviceTensor) and isinstance(v, DeviceTensor):
+                    bound = frame.out_calls[i] if frame.out_calls else None
+                    if bound is None or bound[0] is not v or bound[2] is not mode:
+                        bound = (v, plan.transfer.bind_copy(v, mode, stream), mode)
+                        if frame.out_calls:
+                            frame.out_calls[i] = bound
+                    bound[1]()
+                elif isinstance(mode, DeviceTensor) or isinstance(v, DeviceTensor):
                     if isinstance(mode, np.ndarray) and not mode.flags.c_contiguous:
                         pending.append((i, lambda v=v, d=mode: _copy_later(v, d, plan)))
                         continue

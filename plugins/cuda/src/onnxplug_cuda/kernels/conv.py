@@ -27,13 +27,12 @@ from onnxplug.ep import (
     KernelContext,
     KernelInfo,
     KernelRegistry,
-    current_scratch,
     dtypes,
     shapes,
 )
 
 from .. import blas, dnn
-from ._base import CudaKernel
+from ._base import CudaKernel, node_graph
 
 CONV_TYPES = dtypes("float16", "float32", "float64")
 # Column buffers of the fallback are built a few images at a time, up to this many elements.
@@ -189,54 +188,7 @@ class _ConvBase(CudaKernel):
         if stream.capturing:
             return None  # inside a whole-run capture: the plain calls are recorded there
         self.compute(ctx)  # builds (and autotunes) the cuDNN graph, fills the frame's scratch
-        scratch = current_scratch(self.ep.device)
-        if scratch is not None:
-            scratch.begin_hold()
-        exe = stream.capture_call(lambda: self.compute(ctx))
-        held = scratch.end_hold() if scratch is not None else []
-        if exe is None:
-            if scratch is not None:
-                scratch.release_held(held)
-            return None
-        return NodeGraph(exe, stream, self.be, lambda: self.compute(ctx), scratch, held)
-
-
-class NodeGraph:
-    """One node's work as a CUDA graph launched on its stream (run eagerly instead while the
-    stream captures a whole run: a graph is not launched into another's capture here)."""
-
-    __slots__ = ("eager", "exe", "held", "launch", "scratch", "stream")
-
-    def __init__(
-        self, exe: Any, stream: Any, backend: Any, eager: Any, scratch: Any, held: list[int]
-    ):
-        self.exe = exe
-        self.stream = stream
-        self.launch = backend.launch_graph
-        self.eager = eager
-        self.scratch = scratch  # the frame's, whose value blocks in ``held`` the graph uses
-        self.held = held
-
-    def __call__(self) -> None:
-        stream = self.stream
-        if stream.capturing:
-            self.eager()
-            return
-        err = self.launch(self.exe, stream.handle)
-        if err:
-            from ..runtime import CudaError
-
-            raise CudaError(f"launching a node's CUDA graph failed: {err}")
-
-    def __del__(self) -> None:
-        try:
-            from ..runtime import cudart
-
-            cudart().cudaGraphExecDestroy(self.exe)
-            if self.scratch is not None:
-                self.scratch.release_held(self.held)
-        except Exception:
-            pass
+        return node_graph(self, ctx, lambda: self.compute(ctx))
 
 
 class Conv(_ConvBase):
