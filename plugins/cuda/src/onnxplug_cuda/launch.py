@@ -105,6 +105,12 @@ class Launch:
             raise CudaError(f"cuLaunchKernel({self.name}) failed: {err!r}")
 
 
+def _is_array(v: Any) -> bool:
+    """A CuPy array (passed by pointer): not a numpy scalar, which has ``data`` and
+    ``strides`` too but is passed by value."""
+    return not isinstance(v, np.generic) and hasattr(getattr(v, "data", None), "ptr")
+
+
 def _function_handle(function: Any) -> int:
     """The CUfunction of a CuPy ``RawKernel`` (``get_function``'s result: its compiled
     ``kernel`` holds the handle), a ``cupy.cuda.Function``, or an int."""
@@ -211,7 +217,7 @@ class RawElementwise:
         types: dict[str, str] = {}
         scalars: list[tuple[int, Any]] = []
         for k, ((ptype, _name, _), v) in enumerate(zip(self.ins + self.outs, ins + outs)):
-            if hasattr(v, "data") and hasattr(v, "strides"):
+            if _is_array(v):
                 if not _fix_type(types, ptype, v.dtype):
                     return None
                 if k >= n_in and tuple(v.shape) != shape:

@@ -1,0 +1,107 @@
+"""The CUDA provider's prepared launches, checked without a GPU: how ``RawElementwise`` sorts
+operands into pointers and by-value scalars, the kernel signature it generates, the index
+structure, and the collapsing of dims. (A numpy scalar has ``data`` and ``strides`` too: taken
+for an array, it was passed as a pointer and the kernel read an illegal address.)"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
+if str(PLUGIN_SRC) not in sys.path:
+    sys.path.insert(0, str(PLUGIN_SRC))
+
+from onnxplug_cuda import launch as L  # noqa: E402
+from onnxplug_cuda.kernels import _fused as F  # noqa: E402
+
+
+class _Ptr:
+    def __init__(self, p: int):
+        self.ptr = p
+
+
+class _Array:
+    """What RawElementwise reads of a CuPy array."""
+
+    def __init__(self, a: np.ndarray, ptr: int):
+        self.data = _Ptr(ptr)
+        self.shape, self.strides, self.dtype = a.shape, a.strides, a.dtype
+        self.ndim, self.itemsize = a.ndim, a.itemsize
+
+
+class _Xp:
+    sources: list[str] = []
+
+    class RawModule:
+        def __init__(self, code: str, options: tuple):
+            _Xp.sources.append(code)
+
+        def get_function(self, name: str) -> int:
+            return 1
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    made: list[tuple] = []
+
+    class FakeLaunch:
+        def __init__(self, fn, grid, block, stream, params, shared_mem=0, name=""):
+            made.append((grid, block, stream, list(params)))
+
+    monkeypatch.setattr(L, "Launch", FakeLaunch)
+    _Xp.sources.clear()
+    return made
+
+
+def test_scalars_are_passed_by_value_and_arrays_by_pointer(launches):
+    x = _Array(np.zeros((4, 33), np.float32), 4096)
+    y = _Array(np.zeros((4, 33), np.float32), 8192)
+    F.UNARY_KERNELS["Celu"].plain.bind(_Xp, x, np.float32(2.0), y, stream=7)
+    (grid, block, stream, params) = launches[-1]
+    assert stream == 7
+    assert params[0] is x and params[2] is y
+    assert isinstance(params[1], np.float32)  # the attribute, by value
+    src = _Xp.sources[-1]
+    assert "const float32 alpha" in src and "_p_alpha" not in src
+    assert "const T* __restrict__ _p_x" in src and "T* __restrict__ _p_y" in src
+    assert params[3].n == 4 * 33 and params[3].ndim == 1  # dense: one flat dim
+
+
+def test_broadcast_operands_get_zero_strides(launches):
+    a = _Array(np.zeros((2, 3, 5), np.float32), 1024)
+    b = _Array(np.zeros((1, 1, 5), np.float32), 2048)  # a row broadcast over (2, 3)
+    y = _Array(np.zeros((2, 3, 5), np.float32), 4096)
+    F.UFUNC_BINARY["add"].bind(_Xp, a, b, y, stream=0)
+    idx = launches[-1][3][-1]
+    assert idx.ndim == 2 and list(idx.shape[:2]) == [6, 5]  # (2, 3) merged
+    assert [idx.st[0][d] for d in range(2)] == [5, 1]
+    assert [idx.st[1][d] for d in range(2)] == [0, 1]
+
+
+def test_transposed_copy_keeps_the_source_strides(launches):
+    src = np.zeros((2, 3, 4), np.float32).transpose(0, 2, 1)  # (2, 4, 3), not contiguous
+    x = _Array(src, 64)
+    y = _Array(np.zeros((2, 4, 3), np.float32), 128)
+    F.COPY.bind(_Xp, x, y, stream=0)
+    idx = launches[-1][3][-1]
+    assert idx.ndim == 3
+    assert [idx.st[0][d] for d in range(3)] == [12, 1, 4]
+    assert [idx.st[1][d] for d in range(3)] == [12, 3, 1]
+
+
+def test_an_output_of_another_shape_has_no_prepared_form(launches):
+    a = _Array(np.zeros((3,), np.float32), 64)
+    y = _Array(np.zeros((2, 3), np.float32), 128)
+    assert F.UFUNC_BINARY["add"].bind(_Xp, a, a, _Array(np.zeros((3,), np.float32), 1)) is not None
+    assert F.COPY.bind(_Xp, y, a) is None  # the output must be the broadcast shape
+
+
+def test_collapse_merges_only_contiguous_runs():
+    dims, st = L._collapse((2, 3, 4), [[12, 4, 1], [0, 4, 1]])
+    assert dims == [2, 12] and st == [[12, 1], [0, 1]]
+    dims, st = L._collapse((1, 1), [[0, 0]])
+    assert dims == [1] and st == [[0]]
