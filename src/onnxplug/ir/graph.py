@@ -8,6 +8,7 @@ those subgraphs read (``implicit_inputs``), which the executor passes in like ex
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,8 +16,9 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, numpy_helper
 
-from ..errors import InvalidGraph
+from ..errors import Fail, InvalidGraph, OnnxPlugError
 from .types import ValueType, np_dtype
+from .validate import check_graph, sanitized_dims
 
 _LARGE_INITIALIZER = 4096  # elements; bigger initializers are hidden from shape inference
 
@@ -100,38 +102,54 @@ class Graph:
         return None
 
     def toposort(self) -> None:
-        """Order nodes so that every input is produced before it is used."""
+        """Order nodes so that every input is produced before it is used; a cycle (a node
+        reading its own output, directly or through a subgraph, included) is an error naming
+        the nodes on it."""
         produced = {o: n for n in self.nodes for o in n.outputs if o}
+
+        def deps(node: Node) -> Iterator[Node]:
+            for inp in itertools.chain(node.inputs, node.implicit_inputs):
+                p = produced.get(inp)
+                if p is not None:
+                    yield p
+
         order: list[Node] = []
-        state: dict[int, int] = {}
+        state: dict[int, int] = {}  # 1: on the current path, 2: placed
         for root in self.nodes:
-            if state.get(id(root)) == 2:
+            if id(root) in state:
                 continue
-            stack = [(root, False)]
+            state[id(root)] = 1
+            stack: list[tuple[Node, Iterator[Node]]] = [(root, deps(root))]
             while stack:
-                node, done = stack.pop()
-                if done:
+                node, pending = stack[-1]
+                for p in pending:
+                    s = state.get(id(p))
+                    if s == 2:
+                        continue
+                    if s == 1:
+                        path = [n for n, _ in stack]
+                        raise InvalidGraph(self._cycle_message(path[path.index(p) :]))
+                    state[id(p)] = 1
+                    stack.append((p, deps(p)))
+                    break
+                else:
+                    stack.pop()
                     state[id(node)] = 2
                     order.append(node)
-                    continue
-                s = state.get(id(node))
-                if s == 2:
-                    continue
-                if s == 1:
-                    raise InvalidGraph(
-                        f"the graph '{self.name}' has a cycle through {node.label()}"
-                    )
-                state[id(node)] = 1
-                stack.append((node, True))
-                for inp in itertools.chain(node.inputs, node.implicit_inputs):
-                    p = produced.get(inp)
-                    if p is not None and p is not node and state.get(id(p)) != 2:
-                        if state.get(id(p)) == 1:
-                            raise InvalidGraph(
-                                f"the graph '{self.name}' has a cycle through {p.label()}"
-                            )
-                        stack.append((p, False))
         self.nodes = order
+
+    def _cycle_message(self, path: list[Node]) -> str:
+        """``path``: nodes each reading an output of the next; the last reads the first's."""
+        head = path[0]
+        if len(path) == 1:
+            reads = [o for o in head.outputs if o and o in (*head.inputs, *head.implicit_inputs)]
+            via = " (through a subgraph)" if not set(reads) & set(head.inputs) else ""
+            return (
+                f"the graph '{self.name}' is not acyclic: {head.label()} reads its own output "
+                f"'{reads[0] if reads else '?'}'{via}"
+            )
+        flow = [head, *reversed(path[1:]), head]  # data-flow order: each feeds the next
+        return f"the graph '{self.name}' is not acyclic: " + " -> ".join(n.label() for n in flow)
 
 
 def decode_attribute(attr: AttributeProto, parent: Graph, opsets: dict[str, int]) -> Any:
@@ -225,7 +243,12 @@ def _node_from_proto(p: NodeProto, graph: Graph, opsets: dict[str, int], index: 
     attrs: dict[str, Any] = {}
     subgraphs: dict[str, Graph] = {}
     for a in p.attribute:
-        val = decode_attribute(a, graph, opsets)
+        try:
+            val = decode_attribute(a, graph, opsets)
+        except OnnxPlugError:
+            raise
+        except Exception as e:  # a tensor whose data does not fit its dims, say
+            raise InvalidGraph(f"{where}: attribute '{a.name}' cannot be read: {e}") from e
         attrs[a.name] = val
         if isinstance(val, Graph):
             subgraphs[a.name] = val
@@ -323,19 +346,28 @@ def _check_unique_names(g: Graph) -> None:
 
 
 def infer_types(proto: ModelProto) -> ModelProto:
-    """onnx shape inference on a copy whose large initializers are replaced by typed inputs
-    (so that big models are not serialized whole)."""
+    """onnx shape inference on a light copy of the model: large initializers replaced by typed
+    inputs (big models are not serialized whole), negative dims cleared (onnx's C++ inference
+    aborts the process on some) and declared output and value_info types left out, so that
+    what comes back is what the nodes produce (``_merge_types`` compares it with what the
+    model declares)."""
     light = ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import)
     g = proto.graph
     light.graph.name = g.name
-    light.graph.node.extend(g.node)
+    for n in g.node:
+        if any(a.HasField("g") or len(a.graphs) for a in n.attribute):
+            copy = light.graph.node.add()
+            copy.CopyFrom(n)
+            for a in copy.attribute:
+                for sg in itertools.chain([a.g] if a.HasField("g") else [], a.graphs):
+                    _light_subgraph(sg)
+        else:
+            light.graph.node.append(n)
     light.graph.input.extend(g.input)
-    light.graph.output.extend(g.output)
-    light.graph.value_info.extend(g.value_info)
-    for vi in itertools.chain(light.graph.input, light.graph.output, light.graph.value_info):
-        for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_value") and d.dim_value < 0:
-                d.Clear()  # -1 (PaddlePaddle's unknown dim) is no size: onnx would take it as one
+    for vi in light.graph.input:
+        sanitized_dims(vi.type)
+    for vi in g.output:
+        light.graph.output.add().name = vi.name
     existing = {i.name for i in g.input}
     for t in g.initializer:
         if _numel(t) <= _LARGE_INITIALIZER:
@@ -348,6 +380,20 @@ def infer_types(proto: ModelProto) -> ModelProto:
         return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
     except Exception:
         return light
+
+
+def _light_subgraph(g: GraphProto) -> None:
+    """A subgraph as ``infer_types`` wants it (in place): dims sanitized, declared types of
+    outputs and intermediate values left to inference."""
+    for vi in g.input:
+        sanitized_dims(vi.type)
+    for vi in g.output:
+        vi.ClearField("type")
+    g.ClearField("value_info")
+    for n in g.node:
+        for a in n.attribute:
+            for sg in itertools.chain([a.g] if a.HasField("g") else [], a.graphs):
+                _light_subgraph(sg)
 
 
 def _numel(t: onnx.TensorProto) -> int:
@@ -389,6 +435,7 @@ def graph_from_model(proto: ModelProto) -> Graph:
     g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
     _check_defined(g, frozenset())
     _merge_types(g, inferred.graph)
+    check_graph(g, proto.ir_version)
     _refine_outputs(g, inferred.graph)
     return g
 
@@ -435,12 +482,28 @@ def _check_defined(g: Graph, visible: frozenset[str]) -> None:
 
 
 def _merge_types(g: Graph, gp: GraphProto) -> None:
-    """Copy inferred value types into the graph and its subgraphs (by position of nodes)."""
-    for vi in itertools.chain(gp.value_info, gp.output, gp.input):
-        if vi.HasField("type") and vi.name not in g.value_types:
+    """Copy inferred value types into the graph and its subgraphs (by position of nodes); a
+    node output whose inferred element type differs from the one the model declares is an
+    error (the kernels would return what the node computes, not what the model promises)."""
+    producers = g.producers()
+    for vi in gp.input:  # untyped subgraph inputs (a Loop body's) get inferred types
+        t = g.value_types.get(vi.name)
+        if vi.HasField("type") and (t is None or t.kind == "unknown"):
             g.value_types[vi.name] = ValueType.from_proto(vi.type)
-        elif vi.HasField("type") and g.value_types[vi.name].kind == "unknown":
-            g.value_types[vi.name] = ValueType.from_proto(vi.type)
+    for vi in itertools.chain(gp.value_info, gp.output):
+        if not vi.HasField("type"):
+            continue
+        inferred = ValueType.from_proto(vi.type)
+        declared = g.value_types.get(vi.name)
+        if declared is None or declared.kind == "unknown":
+            g.value_types[vi.name] = inferred
+            continue
+        node = producers.get(vi.name)
+        if node is not None and _conflicting(declared, inferred):
+            raise Fail(
+                f"Type Error: Type ({declared.type_str()}) of output arg ({vi.name}) of "
+                f"{node.label()} does not match expected type ({inferred.type_str()})"
+            )
     by_output = {n.outputs[0]: n for n in g.nodes if n.outputs and n.subgraphs}
     for pn in gp.node:
         if not pn.output or pn.output[0] not in by_output:
@@ -450,6 +513,21 @@ def _merge_types(g: Graph, gp: GraphProto) -> None:
             sg = node.subgraphs.get(a.name)
             if sg is not None and a.HasField("g"):
                 _merge_types(sg, a.g)
+
+
+def _conflicting(declared: ValueType, inferred: ValueType) -> bool:
+    """Whether two types of one value disagree on the kind or element type of a tensor."""
+    if declared.kind == "unknown" or inferred.kind == "unknown":
+        return False
+    if declared.kind != inferred.kind:
+        return True
+    if declared.kind in ("tensor", "sparse_tensor"):
+        return bool(declared.elem_type and inferred.elem_type) and (
+            declared.elem_type != inferred.elem_type
+        )
+    if declared.inner is not None and inferred.inner is not None:
+        return _conflicting(declared.inner, inferred.inner)
+    return False
 
 
 def tensor_dtype(graph: Graph, name: str) -> np.dtype | None:

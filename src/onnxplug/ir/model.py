@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
 from ..errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile
+from .validate import check_proto
 
 
 def load_model_proto(
@@ -44,6 +45,7 @@ def load_model_proto(
     if not proto.HasField("graph"):
         raise InvalidGraph("the model has no graph")
     load_external_data(proto, base_dir)
+    check_proto(proto)  # before any native code (the inliner, shape inference) reads it
     if len(proto.functions):
         try:
             from onnx import inliner

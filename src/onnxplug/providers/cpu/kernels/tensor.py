@@ -242,6 +242,7 @@ class Pad(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
         widths, value = self.params(ctx, x.ndim)
+        shapes.padded_shape(x.shape, widths)
         if any(b < 0 or e < 0 for b, e in widths):
             x = x[tuple(slice(max(-b, 0), d - max(-e, 0)) for (b, e), d in zip(widths, x.shape))]
             widths = [(max(b, 0), max(e, 0)) for b, e in widths]
