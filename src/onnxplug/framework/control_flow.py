@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import Fail
 from .kernel import Kernel, KernelContext, KernelInfo
 from .memory import CPU, Device, DeviceTensor, allocate_tensor
 from .stream import DataTransferManager, device_of
@@ -128,6 +129,14 @@ class SubgraphRunner:
         return out_t
 
 
+def check_terminate(run_options: Any) -> None:
+    """Raise when the run was asked to stop (``RunOptions.terminate``, possibly set from
+    another thread): control flow checks it before every iteration, so a Loop with a huge
+    trip count stops too."""
+    if run_options is not None and getattr(run_options, "terminate", False):
+        raise Fail("Exiting due to terminate flag being set to true.")
+
+
 def _host_scalar(v: Any, runner: SubgraphRunner) -> Any:
     if isinstance(v, DeviceTensor):
         v = runner.host(v)
@@ -172,6 +181,7 @@ class LoopKernel(Kernel):
         implicit = ctx.implicit_inputs
         it = 0
         while keep_going and (max_trip is None or it < max_trip):
+            check_terminate(ctx.run_options)
             outs = body.run(
                 [np.array(it, dtype=np.int64), np.array(keep_going), *carried],
                 implicit,
@@ -236,6 +246,7 @@ class ScanKernel(Kernel):
         n = seqs[0].shape[0] if seqs else 0
         outs_per_step: list[list[Any]] = [[] for _ in range(self.n_scan_out)]
         for t in range(n):
+            check_terminate(run_options)
             outs = body.run([*states, *[s[t] for s in seqs]], implicit, run_options)
             outs = [body.host(o) for o in outs]
             states = outs[: self.n_state]

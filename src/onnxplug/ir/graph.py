@@ -187,6 +187,14 @@ def decode_attribute(attr: AttributeProto, parent: Graph, opsets: dict[str, int]
     return onnx.helper.get_attribute_value(attr)
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``: initializers are shared by every run, so neither a kernel
+    nor a caller holding an output that is a view of one may write into them."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
     values = numpy_helper.to_array(sp.values)
     indices = numpy_helper.to_array(sp.indices).astype(np.int64)
@@ -295,11 +303,11 @@ def graph_from_proto(
     inits: dict[str, np.ndarray] = {}
     for t in gp.initializer:
         try:
-            inits[t.name] = numpy_helper.to_array(t)
+            inits[t.name] = read_only(numpy_helper.to_array(t))
         except Exception as e:
             raise InvalidGraph(f"initializer '{t.name}' cannot be read: {e}") from e
     for sp in gp.sparse_initializer:
-        inits[sp.values.name] = _sparse_to_dense(sp)
+        inits[sp.values.name] = read_only(_sparse_to_dense(sp))
     value_types: dict[str, ValueType] = {}
     for vi in itertools.chain(gp.input, gp.output, gp.value_info):
         if vi.HasField("type"):

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.graph import Graph, Node
+from ..ir.graph import Graph, Node, read_only
 from .fusions import fold_conv_batchnorm, fuse_transformer
 
 Folder = Callable[[Graph, Node, list[Any]], list[Any] | None]
@@ -135,7 +135,7 @@ def fold_constants(g: Graph, folder: Folder) -> None:
             continue
         for name, value in zip(n.outputs, outs):
             if name:
-                g.initializers[name] = value
+                g.initializers[name] = read_only(value)
     g.nodes = keep
 
 

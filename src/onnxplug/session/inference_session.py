@@ -33,7 +33,7 @@ from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
 from ..framework.memory import CPU, CPU_MEMORY, Device, DeviceTensor
 from ..ir.export import model_to_proto
-from ..ir.graph import Graph, graph_from_model
+from ..ir.graph import Graph, graph_from_model, read_only
 from ..ir.model import load_model_proto
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype
 from ..optimizer.passes import optimize
@@ -49,7 +49,7 @@ from .devices import (
 from .environment import Environment, get_environment
 from .memory import SHRINK_RUN_KEY, USE_ENV_ALLOCATORS_KEY, SessionAllocators
 from .options import ExecutionMode, RunOptions, SessionOptions
-from .value import OrtValue, to_numpy, unwrap
+from .value import OrtValue, fresh_outputs, to_numpy, unwrap
 
 CPU_EP = "CPUExecutionProvider"
 # session config key: a requested provider that cannot be used is an error, not a warning
@@ -354,7 +354,7 @@ class InferenceSession:
                     f"{list(arr.shape)}, the model's initializer is {_type_name(old.dtype)}"
                     f"{list(old.shape)}"
                 )
-            self._graph.initializers[name] = arr
+            self._graph.initializers[name] = read_only(arr)
 
     def _apply_free_dimension_overrides(self, proto: ModelProto) -> None:
         """SessionOptions.add_free_dimension_override_by_name/_by_denotation fix symbolic
@@ -640,7 +640,7 @@ class InferenceSession:
         idx = self._output_indices(output_names)
         feeds = self._prepare_feeds(input_feed)
         outs = self._run_values(feeds, run_options, self._fetch(idx, FETCH_HOST))
-        return [_writable(to_numpy(outs[i])) for i in idx]
+        return fresh_outputs([to_numpy(outs[i]) for i in idx], feeds)
 
     def run_with_ort_values(
         self,
@@ -651,7 +651,7 @@ class InferenceSession:
         idx = self._output_indices(output_names)
         feeds = self._prepare_feeds(input_dict_ort_values)
         outs = self._run_values(feeds, run_options, self._fetch(idx, FETCH_DEVICE))
-        return [OrtValue(outs[i]) for i in idx]
+        return [OrtValue(v) for v in fresh_outputs([outs[i] for i in idx], feeds)]
 
     def run_with_ortvaluevector(
         self,
@@ -778,12 +778,6 @@ class _SessionResources:
             self.memory = None
 
 
-def _writable(value: Any) -> Any:
-    """An output the caller may modify: constants the runtime keeps (an initializer that is a
-    graph output) are read-only and are copied, as onnxruntime returns fresh arrays."""
-    if isinstance(value, np.ndarray) and not value.flags.writeable:
-        return value.copy()
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
