@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 _VALID_ELEM_TYPES = frozenset(v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED)
 _STANDARD_DOMAINS = frozenset({"", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"})
 # bytes per element of the fixed-size types (None: strings; packed 4/2-bit types handled apart)
-_SUB_BYTE_BITS = {
+SUB_BYTE_BITS = {
     TensorProto.INT4: 4,
     TensorProto.UINT4: 4,
     TensorProto.FLOAT4E2M1: 4,
@@ -168,7 +168,7 @@ def _stored_count(t: TensorProto) -> int | None:
     if t.HasField("raw_data"):
         if dt == TensorProto.STRING:
             return None
-        bits = _SUB_BYTE_BITS.get(dt)
+        bits = SUB_BYTE_BITS.get(dt)
         if bits is not None:
             return None  # packed: the last byte may hold padding; numpy_helper checks it
         size = onnx.helper.tensor_dtype_to_np_dtype(dt).itemsize
@@ -178,7 +178,7 @@ def _stored_count(t: TensorProto) -> int | None:
     count = len(getattr(t, field))
     if dt in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
         return count // 2 if count % 2 == 0 else -1
-    if dt in _SUB_BYTE_BITS:
+    if dt in SUB_BYTE_BITS:
         return None
     return count
 
