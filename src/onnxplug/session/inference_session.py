@@ -10,6 +10,7 @@ otherwise their stored value is used.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -19,6 +20,7 @@ import time
 import warnings
 import weakref
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,9 +111,10 @@ class InferenceSession:
         )
         self._env = get_environment()
         self._profiling_start_ns = time.time_ns()
-        proto, _ = load_model_proto(path_or_bytes)
-        self._proto_meta = _metadata(proto)
-        graph: Graph = graph_from_model(proto)
+        with unexpected_errors_typed("loading the model"):
+            proto, _ = load_model_proto(path_or_bytes)
+            self._proto_meta = _metadata(proto)
+            graph: Graph = graph_from_model(proto)
         self._graph = graph
         self._apply_free_dimension_overrides(proto)
         self._apply_session_initializers()
@@ -146,7 +149,8 @@ class InferenceSession:
         folder = make_constant_folder(cpu) if cpu is not None else None
         registries = [ep.get_kernel_registry() for ep in self._eps]
         before = _op_counts(graph)
-        optimize(graph, int(self._sess_options.graph_optimization_level), folder, registries)
+        with unexpected_errors_typed("optimizing the graph"):
+            optimize(graph, int(self._sess_options.graph_optimization_level), folder, registries)
         if max(self._sess_options.log_verbosity_level, log.default_verbosity()) >= 1:
             after = _op_counts(graph)
             self._log(
@@ -156,7 +160,8 @@ class InferenceSession:
                 f"{dict(before - after)}, added {dict(after - before)}",
             )
         self._save_optimized_model(proto)
-        self._build()
+        with unexpected_errors_typed("building the execution plan"):
+            self._build()
         self._log(
             logging.INFO,
             f"session for '{self._model_path or proto.graph.name}': providers "
@@ -757,6 +762,24 @@ class InferenceSession:
 
     def get_profiling_start_time_ns(self) -> int:
         return self._profiling_start_ns
+
+
+# What a session-creation error that no check anticipated says first (tools.fuzz counts these
+# as bugs to fix: every malformed model should meet a check that names the problem).
+UNEXPECTED = "unexpected error while"
+
+
+@contextlib.contextmanager
+def unexpected_errors_typed(stage: str) -> Iterator[None]:
+    """Session creation raises onnxruntime's exception classes only: an exception of any other
+    type (a malformed model reaching code that trusted it) becomes ``Fail`` naming the stage
+    and the original error, which stays chained as the cause."""
+    try:
+        yield
+    except OnnxPlugError:
+        raise
+    except Exception as e:
+        raise Fail(f"{UNEXPECTED} {stage}: {type(e).__name__}: {e}") from e
 
 
 class _SessionResources:
