@@ -31,7 +31,9 @@ from .types import ValueType, elem_type_name, elem_type_of
 if TYPE_CHECKING:
     from .graph import Graph, Node
 
-_VALID_ELEM_TYPES = frozenset(v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED)
+_VALID_ELEM_TYPES = frozenset(
+    v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED
+)
 _STANDARD_DOMAINS = frozenset({"", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"})
 # bytes per element of the fixed-size types (None: strings; packed 4/2-bit types handled apart)
 SUB_BYTE_BITS = {
@@ -157,9 +159,7 @@ def check_tensor(t: TensorProto, where: str) -> None:
         numel *= d
     have = _stored_count(t)
     if have is not None and have != numel:
-        raise InvalidGraph(
-            f"{where}: tensor of dims {dims} needs {numel} values but holds {have}"
-        )
+        raise InvalidGraph(f"{where}: tensor of dims {dims} needs {numel} values but holds {have}")
 
 
 def _stored_count(t: TensorProto) -> int | None:
@@ -264,9 +264,7 @@ def _check_shadowed_initializers(g: Graph) -> None:
             )
         if t.shape is not None:
             fixed = [
-                (k, want)
-                for k, want in enumerate(t.shape)
-                if isinstance(want, int) and want >= 0
+                (k, want) for k, want in enumerate(t.shape) if isinstance(want, int) and want >= 0
             ]
             if len(t.shape) != arr.ndim or any(arr.shape[k] != want for k, want in fixed):
                 raise Fail(
@@ -306,7 +304,9 @@ def check_node(node: Node, g: Graph, ir_version: int) -> None:
             )
         want = int(spec.type.value)
         if a.type == AttributeProto.UNDEFINED and ir_version >= 2:
-            raise InvalidGraph(f"{label}: attribute '{name}' has no type (field 'type' is required)")
+            raise InvalidGraph(
+                f"{label}: attribute '{name}' has no type (field 'type' is required)"
+            )
         if a.type != AttributeProto.UNDEFINED and a.type != want:
             raise InvalidGraph(
                 f"{label}: attribute '{name}' has type {_attr_type_name(a.type)}, the schema of "
