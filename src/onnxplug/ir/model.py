@@ -80,7 +80,8 @@ def _read_model_file(path: Path) -> bytes:
             "message holds at most 2 GiB (larger models keep their weights as external data)"
         )
     with open(path, "rb") as f:
-        return f.read(_MAX_PROTO_BYTES + 1)
+        # the size stat saw, not the 2 GiB bound: read(n) reserves n bytes up front
+        return f.read(st.st_size)
 
 
 def _parse(data: bytes, where: str) -> ModelProto:
@@ -169,12 +170,10 @@ EXTERNAL_DATA_KEYS = frozenset({"location", "offset", "length", "checksum"})
 
 def _int_field(info: dict[str, str], key: str, tensor_name: str) -> int | None:
     raw = info.get(key)
-    if raw is None or raw == "":
+    if raw is None:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
+    # decimal digits only, as onnxruntime parses them ('', ' 4', '1e3', '+4' are errors)
+    value = int(raw) if raw.isascii() and raw.isdigit() else -1
     if value < 0:
         raise InvalidGraph(
             f"initializer '{tensor_name}': external data {key} '{raw}' is not a byte count"

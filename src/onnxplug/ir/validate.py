@@ -326,8 +326,13 @@ def check_node(node: Node, g: Graph, ir_version: int) -> None:
             f"{label}: has {n_out} outputs; {node.op_type}-{schema.since_version} gives "
             f"{_arity(schema.min_output, schema.max_output)}"
         )
+    for i, formal in _formals(list(schema.inputs), n_in):
+        if not node.inputs[i] and formal.option == onnx.defs.OpSchema.FormalParameterOption.Single:
+            raise InvalidGraph(f"{label}: required input {i} ('{formal.name}') is missing")
     _check_types(node, g, schema)
     _check_element_type_attrs(node, schema)
+    if node.op_type in ("If", "Loop", "Scan") and node.domain == "":
+        _check_subgraph_signature(node, g)
     if node.op_type in _WINDOW_OPS and node.domain == "":
         _check_window(node, g)
 
@@ -414,6 +419,61 @@ def _check_element_type_attrs(node: Node, schema: Any) -> None:
             )
 
 
+def _check_subgraph_signature(node: Node, g: Graph) -> None:
+    """A control-flow node's bodies take and give what the node passes and expects: If's
+    branches have no inputs and one output per node output; a Loop body takes (iteration,
+    condition, carried...) and gives (condition, carried..., scan outputs...); a Scan body
+    takes (states..., scan slices...) and gives (states..., scan outputs...). Carried values
+    and states keep their element type."""
+    label = node.label()
+    n_in, n_out = len(node.inputs), len(node.outputs)
+    if node.op_type == "If":
+        for name in ("then_branch", "else_branch"):
+            body = node.subgraphs.get(name)
+            if body is None:
+                continue
+            if body.inputs:
+                raise InvalidGraph(
+                    f"{label}: {name} must take no inputs, it has {len(body.inputs)}"
+                )
+            if len(body.outputs) != n_out:
+                raise InvalidGraph(
+                    f"{label}: {name} gives {len(body.outputs)} outputs for the node's {n_out}"
+                )
+        return
+    body = node.subgraphs.get("body")
+    if body is None:
+        return
+    if node.op_type == "Loop":
+        want_in, want_out = n_in, 1 + n_out
+        carried = list(zip(node.inputs[2:], body.inputs[2:]))
+    else:
+        n_scan = node.attrs.get("num_scan_inputs")
+        first = 1 if node.since_version < 9 else 0  # Scan-8's sequence_lens
+        if not isinstance(n_scan, int) or not 1 <= n_scan <= n_in - first:
+            raise InvalidGraph(
+                f"{label}: num_scan_inputs {n_scan} must be in [1, {n_in - first}] (the inputs)"
+            )
+        want_in, want_out = n_in - first, n_out
+        carried = list(zip(node.inputs[first : n_in - n_scan], body.inputs))
+    if len(body.inputs) != want_in or len(body.outputs) != want_out:
+        raise InvalidGraph(
+            f"{label}: its body takes {len(body.inputs)} inputs and gives {len(body.outputs)} "
+            f"outputs; with {n_in} node inputs and {n_out} outputs it must take {want_in} and "
+            f"give {want_out}"
+        )
+    for name, formal in carried:
+        actual = g.type_of(name) if name else None
+        want = formal.type
+        if actual is None or actual.kind != "tensor" or want.kind != "tensor":
+            continue
+        if actual.elem_type and want.elem_type and actual.elem_type != want.elem_type:
+            raise Fail(
+                f"Type Error: {label} passes '{name}' of type {actual.type_str()} to body input "
+                f"'{formal.name}' of type {want.type_str()}"
+            )
+
+
 _WINDOW_OPS = frozenset(
     {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool"}
 )
@@ -426,16 +486,28 @@ def _check_window(node: Node, g: Graph) -> None:
     a = node.attrs
     kernel = a.get("kernel_shape")
     n = len(kernel) if kernel else None
-    if n is None and node.op_type not in _POOL_OPS:
+    x = g.type_of(node.inputs[0]) if node.inputs and node.inputs[0] else None
+    x_rank = len(x.shape) if x is not None and x.kind == "tensor" and x.shape is not None else None
+    if node.op_type not in _POOL_OPS:
         w_index = 3 if node.op_type == "QLinearConv" else 1
         w = g.type_of(node.inputs[w_index]) if len(node.inputs) > w_index else None
-        if w is not None and w.shape is not None and len(w.shape) >= 2:
-            n = len(w.shape) - 2
+        if w is not None and w.kind == "tensor" and w.shape is not None:
+            if x_rank is not None and x_rank != len(w.shape):
+                raise Fail(
+                    f"{node.label()}: input X has rank {x_rank} but the weights W have rank "
+                    f"{len(w.shape)}; they must agree (N, C, spatial dims...)"
+                )
+            if n is None and len(w.shape) >= 2:
+                n = len(w.shape) - 2
+    if x_rank is not None and n is not None and x_rank != n + 2:
+        raise Fail(
+            f"{node.label()}: input X has rank {x_rank}, the window has {n} spatial dims "
+            f"(X must be N, C and {n} spatial dims)"
+        )
     if n is None:
-        x = g.type_of(node.inputs[0]) if node.inputs else None
-        if x is None or x.shape is None or len(x.shape) < 2:
+        if x_rank is None or x_rank < 2:
             return  # no rank known: the kernels check at run time
-        n = len(x.shape) - 2
+        n = x_rank - 2
     pads = a.get("pads") if a.get("auto_pad", "NOTSET") == "NOTSET" else None
     try:
         check_window_attrs(n, kernel, a.get("strides"), a.get("dilations"), pads)
