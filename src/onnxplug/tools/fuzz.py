@@ -868,8 +868,8 @@ def campaign(
     """Run cases ``first .. first+cases-1`` of campaign ``seed`` over ``workers`` processes."""
     workers = max(1, workers or os.cpu_count() or 1)
     env = dict(os.environ)
-    for k in _THREAD_ENV:
-        env[k] = "1"
+    for var in _THREAD_ENV:
+        env[var] = "1"
     tmp = Path(tempfile.mkdtemp(prefix="onnxplug-fuzz-out-"))
     procs = []
     try:
@@ -901,7 +901,7 @@ def campaign(
         bad = [p.returncode for p in procs if p.returncode]
         if bad:
             raise RuntimeError(f"fuzz workers failed with status {bad}")
-        results = []
+        results: list[Result] = []
         for k in range(workers):
             with open(tmp / f"{k}.jsonl") as f:
                 results.extend(Result(**json.loads(line)) for line in f if line.strip())
