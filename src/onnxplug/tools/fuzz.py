@@ -694,6 +694,9 @@ def _child_main(
     mem_limit: int,
     fd: int,
 ) -> None:
+    import faulthandler
+
+    faulthandler.disable()  # a crash is the parent's to report, not a traceback on stderr
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
