@@ -357,7 +357,89 @@ def _sparse(indices, dims=(4,)):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
 
 
+def _if(then_outputs=1, then_inputs=0, cond="c"):
+    then = helper.make_graph(
+        [helper.make_node("Identity", ["x"], [f"t{k}"]) for k in range(then_outputs)],
+        "then",
+        [_tv(f"i{k}", [2]) for k in range(then_inputs)],
+        [_tv(f"t{k}", [2]) for k in range(then_outputs)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e"])], "else", [], [_tv("e", [2])]
+    )
+    return _model(
+        [helper.make_node("If", [cond], ["y"], name="if", then_branch=then, else_branch=other)],
+        [_tv("c", [], TensorProto.BOOL), _tv("x", [2])],
+        [_tv("y", [2])],
+    )
+
+
+def _loop(carried_type=F, drop_body_output=False):
+    body = _loop_body()
+    if drop_body_output:
+        del body.output[-1]
+    return _model(
+        [helper.make_node("Loop", ["n", "", "x"], ["y"], name="loop", body=body)],
+        [_tv("x", [2], carried_type)],
+        [_tv("y", [2], carried_type)],
+        [_init("n", np.int64(2))],
+    )
+
+
+def _scan(num_scan_inputs):
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s", "e"], ["so"]), helper.make_node("Identity", ["e"], ["eo"])],
+        "body",
+        [_tv("s", [1]), _tv("e", [1])],
+        [_tv("so", [1]), _tv("eo", [1])],
+    )
+    node = helper.make_node(
+        "Scan", ["s0", "xs"], ["s", "ys"], name="scan", body=body, num_scan_inputs=num_scan_inputs
+    )
+    return _model([node], [_tv("s0", [1]), _tv("xs", [3, 1])], [_tv("s", [1]), _tv("ys", None)])
+
+
 _INVALID = {
+    "if_branch_output_count": (
+        lambda: _if(then_outputs=2),
+        errors.InvalidGraph,
+        "If node 'if': then_branch gives 2 outputs for the node's 1",
+    ),
+    "if_branch_with_inputs": (
+        lambda: _if(then_inputs=1),
+        errors.InvalidGraph,
+        "then_branch must take no inputs",
+    ),
+    "required_input_missing": (
+        lambda: _if(cond=""),
+        errors.InvalidGraph,
+        "If node 'if': required input 0 \\('cond'\\) is missing",
+    ),
+    "loop_body_arity": (
+        lambda: _loop(drop_body_output=True),
+        errors.InvalidGraph,
+        "Loop node 'loop': its body takes 3 inputs and gives 1 outputs",
+    ),
+    "loop_carried_type": (
+        lambda: _loop(carried_type=TensorProto.DOUBLE),
+        errors.Fail,
+        "Loop node 'loop' passes 'x' of type tensor\\(double\\) to body input 'v'",
+    ),
+    "scan_num_scan_inputs": (
+        lambda: _scan(-1),
+        errors.InvalidGraph,
+        "Scan node 'scan': num_scan_inputs -1 must be in \\[1, 2\\]",
+    ),
+    "conv_ranks_disagree": (
+        lambda: _model(
+            [helper.make_node("Conv", ["x", "w"], ["y"], name="c")],
+            [_tv("x", [1, 1, 5, 5, 5])],
+            [_tv("y", None)],
+            [_init("w", np.ones((1, 1, 3, 3), np.float32))],
+        ),
+        errors.Fail,
+        "Conv node 'c': input X has rank 5 but the weights W have rank 4",
+    ),
     "unknown_attribute": (
         lambda: _relu_with(lambda n: n.attribute.append(_attr("padz", type=2, i=1))),
         errors.InvalidGraph,
