@@ -53,7 +53,8 @@ def _session(model, **kw):
 
 # ---------------------------------------------------------------------------------------------
 # 1. nothing a model holds may abort the process (onnx's C++ shape inference asserts on
-#    negative dims: std::clamp in Slice's inference)
+#    negative dims: std::clamp in Slice's inference), whether the model declares the negative
+#    dim or a node's inference computes it (Pad with negative pads)
 
 _ABORTERS = {
     "input_dims": """
@@ -67,6 +68,13 @@ _ABORTERS = {
         nodes = [helper.make_node("Constant", [], ["x"], value=c),
                  helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"])]
         inputs = []
+    """,
+    "computed_dims": """
+        pads = numpy_helper.from_array(np.array([0, -5, 0, 0], np.int64), "pads")
+        nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
+                 helper.make_node("Slice", ["p", "st", "en", "ax"], ["y"])]
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])]
+        extra = [pads]
     """,
     "loop_body_dims": """
         body = helper.make_graph(
@@ -93,6 +101,7 @@ def test_negative_dims_never_abort_the_process(case):
         CASE
         inits = [numpy_helper.from_array(np.array(v, np.int64), k)
                  for k, v in (("st", [0]), ("en", [1]), ("ax", [1]), ("n", 1))]
+        inits += globals().get("extra", [])
         g = helper.make_graph(nodes, "g", inputs,
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
@@ -381,7 +390,7 @@ def _loop(carried_type=F, drop_body_output=False):
     return _model(
         [helper.make_node("Loop", ["n", "", "x"], ["y"], name="loop", body=body)],
         [_tv("x", [2], carried_type)],
-        [_tv("y", [2], carried_type)],
+        [onnx.ValueInfoProto(name="y")],
         [_init("n", np.int64(2))],
     )
 
@@ -833,3 +842,24 @@ def test_unexpected_errors_during_load_are_typed(monkeypatch):
         errors.Fail, match="unexpected error while optimizing the graph: IndexError"
     ):
         _session(m)
+
+
+@pytest.mark.parametrize("level", [0, 99])
+def test_kernels_do_not_precompute_huge_constants(level):
+    """A ConstantOfShape of a constant 24 GiB shape is the run's to allocate (or to refuse),
+    not the session's: the kernel caches only small constant results (found by the fuzzer)."""
+    m = _model(
+        [helper.make_node("ConstantOfShape", ["shape"], ["y"])],
+        [],
+        [_tv("y", None)],
+        [_init("shape", np.array([2**31 - 1, 3], np.int64))],
+    )
+    opts = ox.SessionOptions()
+    opts.graph_optimization_level = ox.GraphOptimizationLevel(level)
+    tracemalloc.start()
+    try:
+        _session(m, sess_options=opts)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 2**20, f"session creation peaked at {peak / 2**20:.0f} MB"

@@ -16,11 +16,10 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, numpy_helper
 
-from ..errors import Fail, InvalidGraph, OnnxPlugError
+from ..errors import InvalidGraph, OnnxPlugError
+from .infer import infer_graph
 from .types import ValueType, np_dtype
-from .validate import check_graph, sanitized_dims
-
-_LARGE_INITIALIZER = 4096  # elements; bigger initializers are hidden from shape inference
+from .validate import check_graph
 
 
 @dataclass
@@ -353,64 +352,6 @@ def _check_unique_names(g: Graph) -> None:
             seen[o] = n.label()
 
 
-def infer_types(proto: ModelProto) -> ModelProto:
-    """onnx shape inference on a light copy of the model: large initializers replaced by typed
-    inputs (big models are not serialized whole), negative dims cleared (onnx's C++ inference
-    aborts the process on some) and declared output and value_info types left out, so that
-    what comes back is what the nodes produce (``_merge_types`` compares it with what the
-    model declares)."""
-    light = ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import)
-    g = proto.graph
-    light.graph.name = g.name
-    for n in g.node:
-        if any(a.HasField("g") or len(a.graphs) for a in n.attribute):
-            copy = light.graph.node.add()
-            copy.CopyFrom(n)
-            for a in copy.attribute:
-                for sg in itertools.chain([a.g] if a.HasField("g") else [], a.graphs):
-                    _light_subgraph(sg)
-        else:
-            light.graph.node.append(n)
-    light.graph.input.extend(g.input)
-    for vi in light.graph.input:
-        sanitized_dims(vi.type)
-    for vi in g.output:
-        light.graph.output.add().name = vi.name
-    existing = {i.name for i in g.input}
-    for t in g.initializer:
-        if _numel(t) <= _LARGE_INITIALIZER:
-            light.graph.initializer.append(t)
-        elif t.name not in existing:
-            light.graph.input.append(
-                onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
-            )
-    try:
-        return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
-    except Exception:
-        return light
-
-
-def _light_subgraph(g: GraphProto) -> None:
-    """A subgraph as ``infer_types`` wants it (in place): dims sanitized, declared types of
-    outputs and intermediate values left to inference."""
-    for vi in g.input:
-        sanitized_dims(vi.type)
-    for vi in g.output:
-        vi.ClearField("type")
-    g.ClearField("value_info")
-    for n in g.node:
-        for a in n.attribute:
-            for sg in itertools.chain([a.g] if a.HasField("g") else [], a.graphs):
-                _light_subgraph(sg)
-
-
-def _numel(t: onnx.TensorProto) -> int:
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n
-
-
 def _newest_opsets() -> dict[str, int]:
     """The newest opset of each standard domain the installed onnx knows."""
     newest = {"": onnx.defs.onnx_opset_version()}
@@ -439,10 +380,9 @@ def graph_from_model(proto: ModelProto) -> Graph:
                 f"onnx ({onnx.__version__}) knows opsets up to {newest}: upgrade onnx or "
                 "export the model for an older opset"
             )
-    inferred = infer_types(proto)
     g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
     _check_defined(g, frozenset())
-    _merge_types(g, inferred.graph)
+    infer_graph(g, proto.ir_version)
     check_graph(g, proto.ir_version)
     _refine_outputs(g, inferred.graph)
     return g
@@ -487,55 +427,6 @@ def _check_defined(g: Graph, visible: frozenset[str]) -> None:
                 )
         for sg in n.subgraphs.values():
             _check_defined(sg, defined)
-
-
-def _merge_types(g: Graph, gp: GraphProto) -> None:
-    """Copy inferred value types into the graph and its subgraphs (by position of nodes); a
-    node output whose inferred element type differs from the one the model declares is an
-    error (the kernels would return what the node computes, not what the model promises)."""
-    producers = g.producers()
-    for vi in gp.input:  # untyped subgraph inputs (a Loop body's) get inferred types
-        t = g.value_types.get(vi.name)
-        if vi.HasField("type") and (t is None or t.kind == "unknown"):
-            g.value_types[vi.name] = ValueType.from_proto(vi.type)
-    for vi in itertools.chain(gp.value_info, gp.output):
-        if not vi.HasField("type"):
-            continue
-        inferred = ValueType.from_proto(vi.type)
-        declared = g.value_types.get(vi.name)
-        if declared is None or declared.kind == "unknown":
-            g.value_types[vi.name] = inferred
-            continue
-        node = producers.get(vi.name)
-        if node is not None and _conflicting(declared, inferred):
-            raise Fail(
-                f"Type Error: Type ({declared.type_str()}) of output arg ({vi.name}) of "
-                f"{node.label()} does not match expected type ({inferred.type_str()})"
-            )
-    by_output = {n.outputs[0]: n for n in g.nodes if n.outputs and n.subgraphs}
-    for pn in gp.node:
-        if not pn.output or pn.output[0] not in by_output:
-            continue
-        node = by_output[pn.output[0]]
-        for a in pn.attribute:
-            sg = node.subgraphs.get(a.name)
-            if sg is not None and a.HasField("g"):
-                _merge_types(sg, a.g)
-
-
-def _conflicting(declared: ValueType, inferred: ValueType) -> bool:
-    """Whether two types of one value disagree on the kind or element type of a tensor."""
-    if declared.kind == "unknown" or inferred.kind == "unknown":
-        return False
-    if declared.kind != inferred.kind:
-        return True
-    if declared.kind in ("tensor", "sparse_tensor"):
-        return bool(declared.elem_type and inferred.elem_type) and (
-            declared.elem_type != inferred.elem_type
-        )
-    if declared.inner is not None and inferred.inner is not None:
-        return _conflicting(declared.inner, inferred.inner)
-    return False
 
 
 def tensor_dtype(graph: Graph, name: str) -> np.dtype | None:

@@ -17,6 +17,7 @@ Ops of custom domains have no schema here; their providers' kernels validate the
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -214,24 +215,6 @@ def check_sparse_tensor(sp: onnx.SparseTensorProto, where: str) -> None:
         raise InvalidGraph(f"{where}: sparse indices out of range for dims {dims}")
 
 
-def sanitized_dims(tp: TypeProto) -> None:
-    """Negative dim_values (onnxruntime reads them as unknown) cleared in place, recursively,
-    so that onnx's shape inference never sees one (it aborts the process on some)."""
-    which = tp.WhichOneof("value")
-    if which in ("tensor_type", "sparse_tensor_type"):
-        tt = getattr(tp, which)
-        if tt.HasField("shape"):
-            for d in tt.shape.dim:
-                if d.HasField("dim_value") and d.dim_value < 0:
-                    d.ClearField("dim_value")
-    elif which == "sequence_type":
-        sanitized_dims(tp.sequence_type.elem_type)
-    elif which == "optional_type":
-        sanitized_dims(tp.optional_type.elem_type)
-    elif which == "map_type":
-        sanitized_dims(tp.map_type.value_type)
-
-
 # ---------------------------------------------------------------------------------------------
 # The IR, against the schemas
 
@@ -276,10 +259,21 @@ def _check_shadowed_initializers(g: Graph) -> None:
 def _schema(node: Node) -> Any:
     if node.domain not in _STANDARD_DOMAINS:
         return None
+    return _schema_of(node.op_type, node.opset, node.domain)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_of(op_type: str, opset: int, domain: str) -> Any:
     try:
-        return onnx.defs.get_schema(node.op_type, node.opset, node.domain)
+        return onnx.defs.get_schema(op_type, opset, domain)
     except Exception:
         return None  # graph.py already refused unknown ops of the standard domains
+
+
+@functools.lru_cache(maxsize=4096)
+def _allowed_types(op_type: str, opset: int, domain: str) -> dict[str, frozenset[str]]:
+    schema = _schema_of(op_type, opset, domain)
+    return {tc.type_param_str: frozenset(tc.allowed_type_strs) for tc in schema.type_constraints}
 
 
 def check_node(node: Node, g: Graph, ir_version: int) -> None:
@@ -370,7 +364,7 @@ def _type_string(t: ValueType | None) -> str | None:
 def _check_types(node: Node, g: Graph, schema: Any) -> None:
     """Every input's type is allowed by its type constraint, and inputs bound to one type
     parameter (homogeneous variadics included) agree."""
-    allowed = {tc.type_param_str: set(tc.allowed_type_strs) for tc in schema.type_constraints}
+    allowed = _allowed_types(node.op_type, node.opset, node.domain)
     bound: dict[str, tuple[str, str]] = {}  # type param -> (type string, input name)
     for i, formal in _formals(list(schema.inputs), len(node.inputs)):
         name = node.inputs[i]
@@ -380,7 +374,7 @@ def _check_types(node: Node, g: Graph, schema: Any) -> None:
         if actual is None:
             continue
         param = formal.type_str
-        ok = allowed.get(param, {param})
+        ok = allowed.get(param, frozenset({param}))
         if any(s.startswith("map(") for s in ok):
             continue  # onnx-ml's map notation differs from ours: not compared
         if actual not in ok:
