@@ -863,3 +863,76 @@ def test_kernels_do_not_precompute_huge_constants(level):
     finally:
         tracemalloc.stop()
     assert peak < 256 * 2**20, f"session creation peaked at {peak / 2**20:.0f} MB"
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. concurrent runs of one CPU session: identical results, and they take turns (run at once,
+#     threads handing the interpreter lock around at every numpy call cost 4x the CPU per run)
+
+
+def _demo_session(**config):
+    from pathlib import Path
+
+    opts = ox.SessionOptions()
+    for k, v in config.items():
+        opts.add_session_config_entry(k, v)
+    path = Path(ox.__file__).parent / "data" / "demo.onnx"
+    return ox.InferenceSession(str(path), opts, providers=CPU)
+
+
+def _max_overlap(sess, threads=6, runs=20) -> tuple[int, bool]:
+    inp = sess.get_inputs()[0]
+    x = np.random.default_rng(0).standard_normal((8, 1, 8, 8)).astype(np.float32)
+    ref = sess.run(None, {inp.name: x})[0]
+    inner = sess._runner.run
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def watched(*a, **k):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            time.sleep(0.002)  # room for another thread to come in
+            return inner(*a, **k)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    sess._runner.run = watched
+    same = [True]
+
+    def work():
+        for _ in range(runs):
+            if not np.array_equal(sess.run(None, {inp.name: x})[0], ref):
+                same[0] = False
+
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return peak[0], same[0]
+
+
+def test_concurrent_runs_of_a_cpu_session_take_turns_and_agree():
+    peak, same = _max_overlap(_demo_session())
+    assert same, "a concurrent run returned a different result"
+    assert peak == 1
+
+
+def test_taking_turns_can_be_turned_off():
+    peak, same = _max_overlap(_demo_session(**{"session.serialize_cpu_runs": "0"}))
+    assert same
+    assert peak > 1
+
+
+def test_sessions_with_a_device_provider_still_run_concurrently(virt):
+    from pathlib import Path
+
+    from tests.plugins import virtual_device as vd
+
+    path = Path(ox.__file__).parent / "data" / "demo.onnx"
+    sess = ox.InferenceSession(str(path), providers=[vd.NAME, "CPUExecutionProvider"])
+    peak, same = _max_overlap(sess)
+    assert same
+    assert peak > 1

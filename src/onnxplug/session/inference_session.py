@@ -396,6 +396,17 @@ class InferenceSession:
                     g.value_types[vi.name] = nt
 
     def _build(self) -> None:
+        # Runs of a session whose every provider is the CPU take turns. Run concurrently they
+        # only share one interpreter lock, handed over at every numpy call: with 4 threads on
+        # 2 cores a small CNN made 1,238 runs/s instead of 4,084 with one, spending 1,011 us
+        # of CPU per run instead of 245 (43 % of it in the kernel, switching threads). Taking
+        # turns keeps 3,400-3,900 runs/s at any thread count; large kernels still use every
+        # core through BLAS. ``session.serialize_cpu_runs=0`` turns it off.
+        serialize = self._sess_options._config.get("session.serialize_cpu_runs", "1") != "0"
+        cpu_only = all(ep.device.is_cpu for ep in self._eps)
+        self._run_slot: Any = (
+            threading.Lock() if serialize and cpu_only else contextlib.nullcontext()
+        )
         use_env = self._sess_options._config.get(USE_ENV_ALLOCATORS_KEY, "0") == "1"
         self._memory = self._resources.memory = SessionAllocators(self._env, use_env)
         ctx = BuildContext(self._eps, self._env.transfer, self._memory.allocator_for)
@@ -621,7 +632,8 @@ class InferenceSession:
         for ep in eps:
             ep.on_run_start(run_options)
         try:
-            return self._runner.run(feeds, run_options, fetch)
+            with self._run_slot:
+                return self._runner.run(feeds, run_options, fetch)
         finally:
             for ep in eps:
                 ep.on_run_end(run_options, True)
