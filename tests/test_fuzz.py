@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from onnxplug import errors
 from onnxplug.tools import fuzz
 from onnxplug.tools.fuzz_corpus import corpus
 
@@ -84,25 +85,19 @@ def test_memory_beyond_the_limit_at_load_is_a_blowup(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     ("stage", "error", "cls"),
     [
-        ("load", "InvalidGraph", "rejected"),
-        ("run", "Fail", "run_error"),
-        ("load", "ValueError", "untyped"),
-        ("run", "terminate", "terminated"),
-        ("load", "unexpected", "unexpected"),
+        ("load", errors.InvalidGraph("x"), "rejected"),
+        ("run", errors.Fail("x"), "run_error"),
+        ("load", ValueError("x"), "untyped"),
+        ("run", errors.Fail("Exiting due to terminate flag being set to true."), "terminated"),
+        ("load", errors.Fail("unexpected error while loading the model: KeyError"), "unexpected"),
     ],
 )
 def test_classification_of_errors(stage, error, cls):
-    from onnxplug import errors
+    assert fuzz.classify_error("onnxplug", stage, error) == cls
 
-    e: BaseException
-    if error == "InvalidGraph":
-        e = errors.InvalidGraph("x")
-    elif error == "Fail":
-        e = errors.Fail("x")
-    elif error == "terminate":
-        e = errors.Fail("Exiting due to terminate flag being set to true.")
-    elif error == "unexpected":
-        e = errors.Fail("unexpected error while loading the model: KeyError: 'x'")
-    else:
-        e = ValueError("x")
-    assert fuzz.classify_error("onnxplug", stage, e) == cls
+
+def test_out_of_memory_at_run_time_is_a_clean_error_at_load_a_blowup():
+    oom = errors.Fail("Non-zero status code returned while running Expand node")
+    oom.__cause__ = MemoryError()
+    assert fuzz.classify_error("onnxplug", "run", oom) == "run_oom"
+    assert fuzz.classify_error("onnxplug", "load", oom) == "memory"

@@ -568,7 +568,7 @@ def classify_error(target: str, stage: str, e: BaseException) -> str:
         return "run_oom" if stage == "run" and typed else "memory"
     if not typed:
         return "untyped"
-    if "terminate flag" in text or "terminat" in str(e).lower() and stage == "run":
+    if "terminate flag" in text:
         return "terminated"
     if target == "onnxplug":
         from onnxplug.session.inference_session import UNEXPECTED
