@@ -16,6 +16,7 @@ element type contradicts the declared one is an error naming the node.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,9 +34,17 @@ DATA_ELEMENTS = 4096
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 
 
-def infer_graph(g: Graph, ir_version: int, data: dict[str, Any] | None = None) -> None:
+def infer_graph(
+    g: Graph,
+    ir_version: int,
+    data: dict[str, Any] | None = None,
+    symbols: itertools.count | None = None,
+) -> None:
     """Infer the types of ``g``'s values (and its subgraphs') in place; ``data``: constant
-    values visible from enclosing graphs."""
+    values visible from enclosing graphs. A dim inference leaves unknown gets a fresh symbol
+    (``unk__N``, as onnx names them), so that later nodes carry it on and dims that are
+    provably equal (a Transpose's, a Reshape's) can be recognised as equal."""
+    symbols = symbols if symbols is not None else itertools.count()
     consts: dict[str, onnx.TensorProto] = dict(data or {})
     for name, arr in g.initializers.items():
         tensor = _small_tensor(name, arr)
@@ -44,11 +53,11 @@ def infer_graph(g: Graph, ir_version: int, data: dict[str, Any] | None = None) -
     producers = g.producers()
     for node in g.nodes:
         if node.domain == "" and node.op_type in _CONTROL_FLOW:
-            outs = _infer_control_flow(node, g, ir_version, consts)
+            outs = _infer_control_flow(node, g, ir_version, consts, symbols)
         else:
             outs = _infer_node(node, g, ir_version, consts)
         for name, t in outs.items():
-            _merge(g, name, _real_dims(t), producers.get(name))
+            _merge(g, name, _named_dims(t, symbols), producers.get(name))
         if node.op_type == "Constant" and node.domain == "" and node.outputs:
             value = _constant_value(node.attrs)
             if value is not None:
@@ -113,15 +122,19 @@ def _small_tensor(name: str, arr: Any) -> onnx.TensorProto | None:
         return None
 
 
-def _real_dims(t: ValueType) -> ValueType:
-    """``t`` with negative dims made unknown (the next node must never see one)."""
+def _named_dims(t: ValueType, symbols: itertools.count) -> ValueType:
+    """``t`` with negative dims (the next node must never see one) and unknown dims replaced
+    by fresh symbols."""
     if t.kind in ("tensor", "sparse_tensor") and t.shape is not None:
-        if any(isinstance(d, int) and d < 0 for d in t.shape):
-            shape = tuple(None if isinstance(d, int) and d < 0 else d for d in t.shape)
+        if any(d is None or (isinstance(d, int) and d < 0) for d in t.shape):
+            shape = tuple(
+                f"unk__{next(symbols)}" if d is None or (isinstance(d, int) and d < 0) else d
+                for d in t.shape
+            )
             return ValueType(t.kind, t.elem_type, shape)
         return t
     if t.inner is not None:
-        return ValueType(t.kind, t.elem_type, t.shape, _real_dims(t.inner), t.key_type)
+        return ValueType(t.kind, t.elem_type, t.shape, _named_dims(t.inner, symbols), t.key_type)
     return t
 
 
@@ -194,14 +207,18 @@ def _body_inputs(body: Graph, passed: list[ValueType | None]) -> None:
 
 
 def _infer_control_flow(
-    node: Node, g: Graph, ir_version: int, consts: dict[str, onnx.TensorProto]
+    node: Node,
+    g: Graph,
+    ir_version: int,
+    consts: dict[str, onnx.TensorProto],
+    symbols: itertools.count,
 ) -> dict[str, ValueType]:
     out: dict[str, ValueType] = {}
     if node.op_type == "If":
         branches = [node.subgraphs.get(k) for k in ("then_branch", "else_branch")]
         for body in branches:
             if body is not None:
-                infer_graph(body, ir_version, consts)
+                infer_graph(body, ir_version, consts, symbols)
         then = branches[0]
         if then is not None:
             for name, vi in zip(node.outputs, then.outputs):
@@ -217,7 +234,7 @@ def _infer_control_flow(
         n_carried = len(node.inputs) - 2
         carried = [g.type_of(x) if x else None for x in node.inputs[2:]]
         _body_inputs(body, [scalar, ValueType("tensor", onnx.TensorProto.BOOL, ()), *carried])
-        infer_graph(body, ir_version, consts)
+        infer_graph(body, ir_version, consts, symbols)
         body_outs = [body.type_of(vi.name) for vi in body.outputs[1:]]
         for k, name in enumerate(node.outputs):
             t = body_outs[k] if k < len(body_outs) else None
@@ -235,7 +252,7 @@ def _infer_control_flow(
     for j, x in enumerate(node.inputs[n_state:]):  # a slice: the input without its scan axis
         passed.append(_sliced(g.type_of(x) if x else None, in_axes[j] if j < len(in_axes) else 0))
     _body_inputs(body, passed)
-    infer_graph(body, ir_version, consts)
+    infer_graph(body, ir_version, consts, symbols)
     axes = list(node.attrs.get("scan_output_axes") or [])
     for k, (name, vi) in enumerate(zip(node.outputs, body.outputs)):
         t = body.type_of(vi.name)
