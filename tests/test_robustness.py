@@ -439,6 +439,19 @@ _INVALID = {
         errors.InvalidGraph,
         "Scan node 'scan': num_scan_inputs -1 must be in \\[1, 2\\]",
     ),
+    "inference_refuses_the_node": (
+        # Cast-13 (opset 18) has no float8e8m0 target: onnx's inference of the node says so
+        lambda: _model(
+            [
+                helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT8E8M0, name="c"),
+                helper.make_node("Cast", ["c"], ["y"], to=F),
+            ],
+            [_tv("x", [2])],
+            [_tv("y", [2])],
+        ),
+        errors.Fail,
+        "Cast node 'c': output has unsupported type tensor\\(float8e8m0\\)",
+    ),
     "conv_ranks_disagree": (
         lambda: _model(
             [helper.make_node("Conv", ["x", "w"], ["y"], name="c")],

@@ -382,8 +382,10 @@ def graph_from_model(proto: ModelProto) -> Graph:
             )
     g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
     _check_defined(g, frozenset())
-    infer_graph(g, proto.ir_version)
+    refused = infer_graph(g, proto.ir_version)
     check_graph(g, proto.ir_version)
+    if refused:
+        raise refused[0]
     _refine_outputs(g, inferred.graph)
     return g
 

@@ -39,12 +39,18 @@ def infer_graph(
     ir_version: int,
     data: dict[str, Any] | None = None,
     symbols: itertools.count | None = None,
-) -> None:
+    refused: list[Fail] | None = None,
+) -> list[Fail]:
     """Infer the types of ``g``'s values (and its subgraphs') in place; ``data``: constant
     values visible from enclosing graphs. A dim inference leaves unknown gets a fresh symbol
     (``unk__N``, as onnx names them), so that later nodes carry it on and dims that are
-    provably equal (a Transpose's, a Reshape's) can be recognised as equal."""
+    provably equal (a Transpose's, a Reshape's) can be recognised as equal.
+
+    Returns the errors of nodes whose inference refused inputs of fully known types (such a
+    node is wrong for its inputs): the caller raises the first once the schema checks, whose
+    messages are more precise, have had their say."""
     symbols = symbols if symbols is not None else itertools.count()
+    refused = refused if refused is not None else []
     consts: dict[str, onnx.TensorProto] = dict(data or {})
     for name, arr in g.initializers.items():
         tensor = _small_tensor(name, arr)
@@ -53,9 +59,9 @@ def infer_graph(
     producers = g.producers()
     for node in g.nodes:
         if node.domain == "" and node.op_type in _CONTROL_FLOW:
-            outs = _infer_control_flow(node, g, ir_version, consts, symbols)
+            outs = _infer_control_flow(node, g, ir_version, consts, symbols, refused)
         else:
-            outs = _infer_node(node, g, ir_version, consts)
+            outs = _infer_node(node, g, ir_version, consts, refused)
         for name, t in outs.items():
             _merge(g, name, _named_dims(t, symbols), producers.get(name))
         if node.op_type == "Constant" and node.domain == "" and node.outputs:
@@ -64,6 +70,7 @@ def infer_graph(
                 tensor = _small_tensor(node.outputs[0], value)
                 if tensor is not None:
                     consts[node.outputs[0]] = tensor
+    return refused
 
 
 _CONSTANT_ATTRS = {
@@ -117,7 +124,7 @@ def _small_tensor(name: str, arr: Any) -> onnx.TensorProto | None:
         return None
     try:
         elem_type_of(arr.dtype)
-        return numpy_helper.from_array(np.ascontiguousarray(arr), name)
+        return numpy_helper.from_array(np.asarray(arr, order="C"), name)
     except Exception:
         return None
 
@@ -166,22 +173,31 @@ def type_proto(t: ValueType | None) -> TypeProto:
 
 
 def _infer_node(
-    node: Node, g: Graph, ir_version: int, consts: dict[str, onnx.TensorProto]
+    node: Node,
+    g: Graph,
+    ir_version: int,
+    consts: dict[str, onnx.TensorProto],
+    refused: list[Fail],
 ) -> dict[str, ValueType]:
     if node.proto is None or node.subgraphs:
         return {}
     schema = _schema(node.op_type, node.opset, node.domain)
     if schema is None:
         return {}  # custom domains: no inference function here
-    types = {name: type_proto(g.type_of(name)) for name in node.inputs if name}
+    known = {name: g.type_of(name) for name in node.inputs if name}
+    types = {name: type_proto(t) for name, t in known.items()}
     data = {name: consts[name] for name in node.inputs if name in consts}
     opsets = _opset_ids(tuple(sorted(g.opsets.items())))
     try:
         out = onnx.shape_inference.infer_node_outputs(
             schema, node.proto, types, data, opset_imports=opsets, ir_version=ir_version
         )
-    except Exception:
-        return {}  # inference refused the node: its kernel will say what is wrong
+    except Exception as e:
+        # With every input's type known, the node is wrong for its inputs (onnxruntime
+        # refuses such a model too); with some unknown, inference may only lack them.
+        if all(_fully_typed(t) for t in known.values()):
+            refused.append(Fail(f"{node.label()}: {str(e).strip()}"))
+        return {}
     return {name: ValueType.from_proto(tp) for name, tp in out.items() if name}
 
 
@@ -198,6 +214,16 @@ def _opset_ids(opsets: tuple[tuple[str, int], ...]) -> list[onnx.OperatorSetIdPr
     return [onnx.helper.make_opsetid(dom, ver) for dom, ver in opsets]
 
 
+def _fully_typed(t: ValueType | None) -> bool:
+    if t is None:
+        return False
+    if t.kind in ("tensor", "sparse_tensor"):
+        return bool(t.elem_type) and t.shape is not None
+    if t.kind in ("sequence", "optional"):
+        return _fully_typed(t.inner)
+    return False
+
+
 def _body_inputs(body: Graph, passed: list[ValueType | None]) -> None:
     """Untyped body inputs take the types the node passes in."""
     for vi, t in zip(body.inputs, passed):
@@ -212,13 +238,14 @@ def _infer_control_flow(
     ir_version: int,
     consts: dict[str, onnx.TensorProto],
     symbols: itertools.count,
+    refused: list[Fail],
 ) -> dict[str, ValueType]:
     out: dict[str, ValueType] = {}
     if node.op_type == "If":
         branches = [node.subgraphs.get(k) for k in ("then_branch", "else_branch")]
         for body in branches:
             if body is not None:
-                infer_graph(body, ir_version, consts, symbols)
+                infer_graph(body, ir_version, consts, symbols, refused)
         then = branches[0]
         if then is not None:
             for name, vi in zip(node.outputs, then.outputs):
@@ -234,7 +261,7 @@ def _infer_control_flow(
         n_carried = len(node.inputs) - 2
         carried = [g.type_of(x) if x else None for x in node.inputs[2:]]
         _body_inputs(body, [scalar, ValueType("tensor", onnx.TensorProto.BOOL, ()), *carried])
-        infer_graph(body, ir_version, consts, symbols)
+        infer_graph(body, ir_version, consts, symbols, refused)
         body_outs = [body.type_of(vi.name) for vi in body.outputs[1:]]
         for k, name in enumerate(node.outputs):
             t = body_outs[k] if k < len(body_outs) else None
@@ -252,7 +279,7 @@ def _infer_control_flow(
     for j, x in enumerate(node.inputs[n_state:]):  # a slice: the input without its scan axis
         passed.append(_sliced(g.type_of(x) if x else None, in_axes[j] if j < len(in_axes) else 0))
     _body_inputs(body, passed)
-    infer_graph(body, ir_version, consts, symbols)
+    infer_graph(body, ir_version, consts, symbols, refused)
     axes = list(node.attrs.get("scan_output_axes") or [])
     for k, (name, vi) in enumerate(zip(node.outputs, body.outputs)):
         t = body.type_of(vi.name)

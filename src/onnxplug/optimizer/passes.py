@@ -165,7 +165,7 @@ def predicted_sizes(n: Node, ins: list[Any]) -> list[int] | None:
             elem = onnx.helper.np_dtype_to_tensor_dtype(v.dtype)
             types[name] = onnx.helper.make_tensor_type_proto(elem, list(v.shape))
             if v.size <= _INFER_DATA_ELEMENTS and v.dtype.kind in "iu":
-                data[name] = onnx.numpy_helper.from_array(np.ascontiguousarray(v), name)
+                data[name] = onnx.numpy_helper.from_array(np.asarray(v, order="C"), name)
         inferred = onnx.shape_inference.infer_node_outputs(schema, n.proto, types, data)
     except Exception:
         return None
