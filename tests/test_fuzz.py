@@ -15,7 +15,7 @@ from onnxplug import errors
 from onnxplug.tools import fuzz
 from onnxplug.tools.fuzz_corpus import corpus
 
-CI_CASES = 500
+CI_CASES = 1000
 
 
 def test_fixed_seed_sample_has_no_crash_hang_or_blowup():
