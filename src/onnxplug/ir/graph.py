@@ -382,18 +382,18 @@ def graph_from_model(proto: ModelProto) -> Graph:
             )
     g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
     _check_defined(g, frozenset())
-    refused = infer_graph(g, proto.ir_version)
+    inferred: dict[str, ValueType] = {}
+    refused = infer_graph(g, proto.ir_version, inferred=inferred)
     check_graph(g, proto.ir_version)
     if refused:
         raise refused[0]
-    _refine_outputs(g, inferred.graph)
+    _refine_outputs(g, inferred)
     return g
 
 
-def _refine_outputs(g: Graph, gp: GraphProto) -> None:
+def _refine_outputs(g: Graph, inferred: dict[str, ValueType]) -> None:
     """Graph outputs take the sizes shape inference found where the model declares none (an
     unknown or symbolic dim, or no shape at all), as onnxruntime reports them."""
-    inferred = {vi.name: ValueType.from_proto(vi.type) for vi in gp.output}
     for k, vi in enumerate(g.outputs):
         t, it = vi.type, inferred.get(vi.name)
         if it is None or t.kind != "tensor" or it.kind != "tensor" or it.shape is None:

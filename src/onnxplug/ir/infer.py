@@ -40,6 +40,7 @@ def infer_graph(
     data: dict[str, Any] | None = None,
     symbols: itertools.count | None = None,
     refused: list[Fail] | None = None,
+    inferred: dict[str, ValueType] | None = None,
 ) -> list[Fail]:
     """Infer the types of ``g``'s values (and its subgraphs') in place; ``data``: constant
     values visible from enclosing graphs. A dim inference leaves unknown gets a fresh symbol
@@ -48,7 +49,8 @@ def infer_graph(
 
     Returns the errors of nodes whose inference refused inputs of fully known types (such a
     node is wrong for its inputs): the caller raises the first once the schema checks, whose
-    messages are more precise, have had their say."""
+    messages are more precise, have had their say. ``inferred``, when given, receives what
+    inference found for each node output of ``g`` (declared or not)."""
     symbols = symbols if symbols is not None else itertools.count()
     refused = refused if refused is not None else []
     consts: dict[str, onnx.TensorProto] = dict(data or {})
@@ -63,7 +65,10 @@ def infer_graph(
         else:
             outs = _infer_node(node, g, ir_version, consts, refused)
         for name, t in outs.items():
-            _merge(g, name, _named_dims(t, symbols), producers.get(name))
+            t = _named_dims(t, symbols)
+            if inferred is not None:
+                inferred[name] = t
+            _merge(g, name, t, producers.get(name))
         if node.op_type == "Constant" and node.domain == "" and node.outputs:
             value = _constant_value(node.attrs)
             if value is not None:

@@ -813,8 +813,6 @@ class _SessionResources:
             self.memory = None
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class _TensorCheck:
     """What a tensor feed must be: element type (None: any) and shape (None: any rank)."""
