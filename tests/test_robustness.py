@@ -949,3 +949,17 @@ def test_sessions_with_a_device_provider_still_run_concurrently(virt):
     peak, same = _max_overlap(sess)
     assert same
     assert peak > 1
+
+
+@pytest.mark.parametrize("shape", [[2], [1, 2], [0]])
+def test_if_condition_must_have_one_element(shape):
+    """Found by the fuzzer: the first of several condition values chose the branch."""
+    m = _if()
+    m.graph.input[0].CopyFrom(_tv("c", shape, TensorProto.BOOL))
+    s = _session(m)
+    feeds = {"c": np.ones(shape, bool), "x": np.ones(2, np.float32)}
+    with pytest.raises(errors.InvalidArgument, match="condition must have exactly one element"):
+        s.run(None, feeds)
+    if ort is not None:
+        with pytest.raises(Exception, match="one element|condition"):
+            ort.InferenceSession(m.SerializeToString(), providers=CPU).run(None, feeds)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Fail
+from ..errors import Fail, InvalidArgument
 from .kernel import Kernel, KernelContext, KernelInfo
 from .memory import CPU, Device, DeviceTensor, allocate_tensor
 from .stream import DataTransferManager, device_of
@@ -137,10 +137,15 @@ def check_terminate(run_options: Any) -> None:
         raise Fail("Exiting due to terminate flag being set to true.")
 
 
-def _host_scalar(v: Any, runner: SubgraphRunner) -> Any:
+def _host_scalar(v: Any, runner: SubgraphRunner, what: str = "the condition") -> Any:
+    """The one element of a condition or trip count; any other size is an error (taking the
+    first of several would run a branch or a count the model never chose)."""
     if isinstance(v, DeviceTensor):
         v = runner.host(v)
-    return np.asarray(v).reshape(-1)[0]
+    a = np.asarray(v)
+    if a.size != 1:
+        raise InvalidArgument(f"{what} must have exactly one element, got shape {list(a.shape)}")
+    return a.reshape(-1)[0]
 
 
 class IfKernel(Kernel):
@@ -174,7 +179,7 @@ class LoopKernel(Kernel):
         body = self.body
         m = ctx.input(0)
         c = ctx.input(1)
-        max_trip = int(_host_scalar(m, body)) if m is not None else None
+        max_trip = int(_host_scalar(m, body, "the trip count M")) if m is not None else None
         keep_going = bool(_host_scalar(c, body)) if c is not None else True
         carried = [ctx.input(i) for i in range(2, ctx.input_count)]
         scans: list[list[Any]] = [[] for _ in range(self.n_scan)]
