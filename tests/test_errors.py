@@ -189,7 +189,7 @@ def test_every_truncation_of_a_model_is_a_typed_error(tmp_path):
                 helper.make_node("Relu", ["A"], ["B"], name="b"),
                 helper.make_node("Relu", ["A"], ["Y"], name="c"),
             ],
-            "has a cycle through",
+            "not acyclic: Add node .a. -> Relu node .b. -> Add node .a.",
         ),
         (
             [

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import Fail, InvalidArgument
 from .kernel import Kernel, KernelContext, KernelInfo
 from .memory import CPU, Device, DeviceTensor, allocate_tensor
 from .stream import DataTransferManager, device_of
@@ -128,10 +129,23 @@ class SubgraphRunner:
         return out_t
 
 
-def _host_scalar(v: Any, runner: SubgraphRunner) -> Any:
+def check_terminate(run_options: Any) -> None:
+    """Raise when the run was asked to stop (``RunOptions.terminate``, possibly set from
+    another thread): control flow checks it before every iteration, so a Loop with a huge
+    trip count stops too."""
+    if run_options is not None and getattr(run_options, "terminate", False):
+        raise Fail("Exiting due to terminate flag being set to true.")
+
+
+def _host_scalar(v: Any, runner: SubgraphRunner, what: str = "the condition") -> Any:
+    """The one element of a condition or trip count; any other size is an error (taking the
+    first of several would run a branch or a count the model never chose)."""
     if isinstance(v, DeviceTensor):
         v = runner.host(v)
-    return np.asarray(v).reshape(-1)[0]
+    a = np.asarray(v)
+    if a.size != 1:
+        raise InvalidArgument(f"{what} must have exactly one element, got shape {list(a.shape)}")
+    return a.reshape(-1)[0]
 
 
 class IfKernel(Kernel):
@@ -165,13 +179,14 @@ class LoopKernel(Kernel):
         body = self.body
         m = ctx.input(0)
         c = ctx.input(1)
-        max_trip = int(_host_scalar(m, body)) if m is not None else None
+        max_trip = int(_host_scalar(m, body, "the trip count M")) if m is not None else None
         keep_going = bool(_host_scalar(c, body)) if c is not None else True
         carried = [ctx.input(i) for i in range(2, ctx.input_count)]
         scans: list[list[Any]] = [[] for _ in range(self.n_scan)]
         implicit = ctx.implicit_inputs
         it = 0
         while keep_going and (max_trip is None or it < max_trip):
+            check_terminate(ctx.run_options)
             outs = body.run(
                 [np.array(it, dtype=np.int64), np.array(keep_going), *carried],
                 implicit,
@@ -236,6 +251,7 @@ class ScanKernel(Kernel):
         n = seqs[0].shape[0] if seqs else 0
         outs_per_step: list[list[Any]] = [[] for _ in range(self.n_scan_out)]
         for t in range(n):
+            check_terminate(run_options)
             outs = body.run([*states, *[s[t] for s in seqs]], implicit, run_options)
             outs = [body.host(o) for o in outs]
             states = outs[: self.n_state]

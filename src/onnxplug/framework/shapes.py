@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+# The rules of window attributes are checked at load too, by the model validator (in ir, which
+# this layer may import but not the other way round).
+from ..ir.validate import check_window_attrs
+
 
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     """Numpy-style multidirectional broadcasting; raises ValueError naming the dims."""
@@ -93,6 +97,7 @@ def window_geometry(
     window that would start in the end padding is dropped (onnx and PyTorch agree on that).
     """
     n = len(in_spatial)
+    check_window_attrs(n, kernel, strides, dilations, None if auto_pad != "NOTSET" else pads)
     strides, dilations, p = _window_attrs(n, strides, dilations, pads)
     out: list[int] = []
     for i in range(n):
@@ -154,8 +159,17 @@ def conv_transpose_geometry(
     the crop is derived from it, the odd pixel going to the beginning except for SAME_UPPER.
     """
     n = len(in_spatial)
+    check_window_attrs(n, kernel, strides, dilations, None if auto_pad != "NOTSET" else pads)
     strides, dilations, p = _window_attrs(n, strides, dilations, pads)
     out_pad = _spatial(output_padding, n, 0)
+    if len(out_pad) != n:
+        raise ValueError(f"Attribute output_padding has {len(out_pad)} values for {n} spatial dims")
+    for i, op in enumerate(out_pad):
+        if not 0 <= op < max(strides[i], dilations[i]):
+            raise ValueError(
+                f"output_padding[{i}] ({op}) must be non-negative and less than "
+                f"max(stride, dilation) ({max(strides[i], dilations[i])})"
+            )
     if output_shape:
         output_shape = [int(v) for v in output_shape][-n:]
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -170,7 +184,13 @@ def conv_transpose_geometry(
         )
         if output_shape:
             p[i], p[n + i] = _split_pad(full - output_shape[i], auto_pad == "SAME_UPPER")
-        out.append(full - p[i] - p[n + i])
+        o = full - p[i] - p[n + i]
+        if o < 1:
+            raise ValueError(
+                f"output spatial dims of input {list(in_spatial)} with kernel {list(kernel)} "
+                f"and pads {p} are not positive (dim {i}: {o})"
+            )
+        out.append(o)
     return out, p
 
 
@@ -290,6 +310,20 @@ def pad_widths(
     out = [(0, 0)] * rank
     for i, a in enumerate(axes):
         out[a] = (int(pads[i]), int(pads[len(axes) + i]))
+    return out
+
+
+def padded_shape(shape: Sequence[int], widths: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """Pad's output shape for per-dim (begin, end) widths; negative widths crop, but never
+    below an empty dim (onnxruntime: "Tensor shape.Size() must be >= 0")."""
+    out = tuple(int(d) + b + e for d, (b, e) in zip(shape, widths))
+    bad = [k for k, d in enumerate(out) if d < 0]
+    if bad:
+        k = bad[0]
+        raise ValueError(
+            f"Pad: pads {[list(w) for w in widths]} crop dim {k} of input {list(shape)} to "
+            f"{out[k]} (< 0)"
+        )
     return out
 
 

@@ -8,6 +8,7 @@ those subgraphs read (``implicit_inputs``), which the executor passes in like ex
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,10 +16,10 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, numpy_helper
 
-from ..errors import InvalidGraph
+from ..errors import InvalidGraph, OnnxPlugError
+from .infer import infer_graph
 from .types import ValueType, np_dtype
-
-_LARGE_INITIALIZER = 4096  # elements; bigger initializers are hidden from shape inference
+from .validate import check_graph
 
 
 @dataclass
@@ -100,38 +101,54 @@ class Graph:
         return None
 
     def toposort(self) -> None:
-        """Order nodes so that every input is produced before it is used."""
+        """Order nodes so that every input is produced before it is used; a cycle (a node
+        reading its own output, directly or through a subgraph, included) is an error naming
+        the nodes on it."""
         produced = {o: n for n in self.nodes for o in n.outputs if o}
+
+        def deps(node: Node) -> Iterator[Node]:
+            for inp in itertools.chain(node.inputs, node.implicit_inputs):
+                p = produced.get(inp)
+                if p is not None:
+                    yield p
+
         order: list[Node] = []
-        state: dict[int, int] = {}
+        state: dict[int, int] = {}  # 1: on the current path, 2: placed
         for root in self.nodes:
-            if state.get(id(root)) == 2:
+            if id(root) in state:
                 continue
-            stack = [(root, False)]
+            state[id(root)] = 1
+            stack: list[tuple[Node, Iterator[Node]]] = [(root, deps(root))]
             while stack:
-                node, done = stack.pop()
-                if done:
+                node, pending = stack[-1]
+                for p in pending:
+                    s = state.get(id(p))
+                    if s == 2:
+                        continue
+                    if s == 1:
+                        path = [n for n, _ in stack]
+                        raise InvalidGraph(self._cycle_message(path[path.index(p) :]))
+                    state[id(p)] = 1
+                    stack.append((p, deps(p)))
+                    break
+                else:
+                    stack.pop()
                     state[id(node)] = 2
                     order.append(node)
-                    continue
-                s = state.get(id(node))
-                if s == 2:
-                    continue
-                if s == 1:
-                    raise InvalidGraph(
-                        f"the graph '{self.name}' has a cycle through {node.label()}"
-                    )
-                state[id(node)] = 1
-                stack.append((node, True))
-                for inp in itertools.chain(node.inputs, node.implicit_inputs):
-                    p = produced.get(inp)
-                    if p is not None and p is not node and state.get(id(p)) != 2:
-                        if state.get(id(p)) == 1:
-                            raise InvalidGraph(
-                                f"the graph '{self.name}' has a cycle through {p.label()}"
-                            )
-                        stack.append((p, False))
         self.nodes = order
+
+    def _cycle_message(self, path: list[Node]) -> str:
+        """``path``: nodes each reading an output of the next; the last reads the first's."""
+        head = path[0]
+        if len(path) == 1:
+            reads = [o for o in head.outputs if o and o in (*head.inputs, *head.implicit_inputs)]
+            via = " (through a subgraph)" if not set(reads) & set(head.inputs) else ""
+            return (
+                f"the graph '{self.name}' is not acyclic: {head.label()} reads its own output "
+                f"'{reads[0] if reads else '?'}'{via}"
+            )
+        flow = [head, *reversed(path[1:]), head]  # data-flow order: each feeds the next
+        return f"the graph '{self.name}' is not acyclic: " + " -> ".join(n.label() for n in flow)
 
 
 def decode_attribute(attr: AttributeProto, parent: Graph, opsets: dict[str, int]) -> Any:
@@ -167,6 +184,14 @@ def decode_attribute(attr: AttributeProto, parent: Graph, opsets: dict[str, int]
         return [ValueType.from_proto(x) for x in attr.type_protos]
     # Untyped attribute (old models): guess from the populated field.
     return onnx.helper.get_attribute_value(attr)
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``: initializers are shared by every run, so neither a kernel
+    nor a caller holding an output that is a view of one may write into them."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
@@ -225,7 +250,12 @@ def _node_from_proto(p: NodeProto, graph: Graph, opsets: dict[str, int], index: 
     attrs: dict[str, Any] = {}
     subgraphs: dict[str, Graph] = {}
     for a in p.attribute:
-        val = decode_attribute(a, graph, opsets)
+        try:
+            val = decode_attribute(a, graph, opsets)
+        except OnnxPlugError:
+            raise
+        except Exception as e:  # a tensor whose data does not fit its dims, say
+            raise InvalidGraph(f"{where}: attribute '{a.name}' cannot be read: {e}") from e
         attrs[a.name] = val
         if isinstance(val, Graph):
             subgraphs[a.name] = val
@@ -272,11 +302,11 @@ def graph_from_proto(
     inits: dict[str, np.ndarray] = {}
     for t in gp.initializer:
         try:
-            inits[t.name] = numpy_helper.to_array(t)
+            inits[t.name] = read_only(numpy_helper.to_array(t))
         except Exception as e:
             raise InvalidGraph(f"initializer '{t.name}' cannot be read: {e}") from e
     for sp in gp.sparse_initializer:
-        inits[sp.values.name] = _sparse_to_dense(sp)
+        inits[sp.values.name] = read_only(_sparse_to_dense(sp))
     value_types: dict[str, ValueType] = {}
     for vi in itertools.chain(gp.input, gp.output, gp.value_info):
         if vi.HasField("type"):
@@ -322,41 +352,6 @@ def _check_unique_names(g: Graph) -> None:
             seen[o] = n.label()
 
 
-def infer_types(proto: ModelProto) -> ModelProto:
-    """onnx shape inference on a copy whose large initializers are replaced by typed inputs
-    (so that big models are not serialized whole)."""
-    light = ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import)
-    g = proto.graph
-    light.graph.name = g.name
-    light.graph.node.extend(g.node)
-    light.graph.input.extend(g.input)
-    light.graph.output.extend(g.output)
-    light.graph.value_info.extend(g.value_info)
-    for vi in itertools.chain(light.graph.input, light.graph.output, light.graph.value_info):
-        for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_value") and d.dim_value < 0:
-                d.Clear()  # -1 (PaddlePaddle's unknown dim) is no size: onnx would take it as one
-    existing = {i.name for i in g.input}
-    for t in g.initializer:
-        if _numel(t) <= _LARGE_INITIALIZER:
-            light.graph.initializer.append(t)
-        elif t.name not in existing:
-            light.graph.input.append(
-                onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
-            )
-    try:
-        return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
-    except Exception:
-        return light
-
-
-def _numel(t: onnx.TensorProto) -> int:
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n
-
-
 def _newest_opsets() -> dict[str, int]:
     """The newest opset of each standard domain the installed onnx knows."""
     newest = {"": onnx.defs.onnx_opset_version()}
@@ -385,18 +380,20 @@ def graph_from_model(proto: ModelProto) -> Graph:
                 f"onnx ({onnx.__version__}) knows opsets up to {newest}: upgrade onnx or "
                 "export the model for an older opset"
             )
-    inferred = infer_types(proto)
     g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
     _check_defined(g, frozenset())
-    _merge_types(g, inferred.graph)
-    _refine_outputs(g, inferred.graph)
+    inferred: dict[str, ValueType] = {}
+    refused = infer_graph(g, proto.ir_version, inferred=inferred)
+    check_graph(g, proto.ir_version)
+    if refused:
+        raise refused[0]
+    _refine_outputs(g, inferred)
     return g
 
 
-def _refine_outputs(g: Graph, gp: GraphProto) -> None:
+def _refine_outputs(g: Graph, inferred: dict[str, ValueType]) -> None:
     """Graph outputs take the sizes shape inference found where the model declares none (an
     unknown or symbolic dim, or no shape at all), as onnxruntime reports them."""
-    inferred = {vi.name: ValueType.from_proto(vi.type) for vi in gp.output}
     for k, vi in enumerate(g.outputs):
         t, it = vi.type, inferred.get(vi.name)
         if it is None or t.kind != "tensor" or it.kind != "tensor" or it.shape is None:
@@ -432,24 +429,6 @@ def _check_defined(g: Graph, visible: frozenset[str]) -> None:
                 )
         for sg in n.subgraphs.values():
             _check_defined(sg, defined)
-
-
-def _merge_types(g: Graph, gp: GraphProto) -> None:
-    """Copy inferred value types into the graph and its subgraphs (by position of nodes)."""
-    for vi in itertools.chain(gp.value_info, gp.output, gp.input):
-        if vi.HasField("type") and vi.name not in g.value_types:
-            g.value_types[vi.name] = ValueType.from_proto(vi.type)
-        elif vi.HasField("type") and g.value_types[vi.name].kind == "unknown":
-            g.value_types[vi.name] = ValueType.from_proto(vi.type)
-    by_output = {n.outputs[0]: n for n in g.nodes if n.outputs and n.subgraphs}
-    for pn in gp.node:
-        if not pn.output or pn.output[0] not in by_output:
-            continue
-        node = by_output[pn.output[0]]
-        for a in pn.attribute:
-            sg = node.subgraphs.get(a.name)
-            if sg is not None and a.HasField("g"):
-                _merge_types(sg, a.g)
 
 
 def tensor_dtype(graph: Graph, name: str) -> np.dtype | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 from pathlib import Path
 
 import onnx
@@ -17,6 +18,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
 from ..errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile
+from .validate import SUB_BYTE_BITS, check_proto
 
 
 def load_model_proto(
@@ -31,11 +33,7 @@ def load_model_proto(
         proto = _parse(bytes(model), "<bytes>")
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)
-        if not path.exists():
-            raise NoSuchFile(f"Load model from {path} failed: File doesn't exist")
-        if path.is_dir():
-            raise InvalidArgument(f"Load model from {path} failed: it is a directory, not a file")
-        proto = _parse(path.read_bytes(), str(path))
+        proto = _parse(_read_model_file(path), str(path))
         base_dir = path.resolve().parent
     else:
         raise InvalidArgument(
@@ -44,6 +42,7 @@ def load_model_proto(
     if not proto.HasField("graph"):
         raise InvalidGraph("the model has no graph")
     load_external_data(proto, base_dir)
+    check_proto(proto)  # before any native code (the inliner, shape inference) reads it
     if len(proto.functions):
         try:
             from onnx import inliner
@@ -52,6 +51,37 @@ def load_model_proto(
         except Exception as e:  # the inliner rejects malformed functions
             raise InvalidGraph(f"could not inline the model's local functions: {e}") from e
     return proto, base_dir
+
+
+# protobuf cannot parse a message of 2 GiB or more: bigger models keep weights as external data
+_MAX_PROTO_BYTES = 2**31 - 1
+
+
+def _read_model_file(path: Path) -> bytes:
+    """The bytes of a model file; anything but a regular file (a directory, a FIFO, /dev/zero)
+    and files protobuf cannot parse are refused before a byte is read."""
+    if "\0" in str(path):
+        raise InvalidArgument(f"Load model from {str(path)!r} failed: the path has a NUL byte")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise NoSuchFile(f"Load model from {path} failed: File doesn't exist") from None
+    except OSError as e:
+        raise InvalidArgument(f"Load model from {path} failed: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InvalidArgument(f"Load model from {path} failed: it is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidArgument(
+            f"Load model from {path} failed: it is not a regular file (a device, FIFO or socket)"
+        )
+    if st.st_size > _MAX_PROTO_BYTES:
+        raise InvalidProtobuf(
+            f"Load model from {path} failed: the file has {st.st_size} bytes; a protobuf "
+            "message holds at most 2 GiB (larger models keep their weights as external data)"
+        )
+    with open(path, "rb") as f:
+        # the size stat saw, not the 2 GiB bound: read(n) reserves n bytes up front
+        return f.read(st.st_size)
 
 
 def _parse(data: bytes, where: str) -> ModelProto:
@@ -95,9 +125,14 @@ def _iter_node_tensors(nodes):
 
 
 def safe_external_path(base_dir: Path, location: str, tensor_name: str) -> Path:
-    """Resolve an external-data location, refusing anything outside ``base_dir``."""
+    """Resolve an external-data location, refusing anything outside ``base_dir`` and anything
+    but a regular file."""
     if not location:
         raise InvalidGraph(f"initializer '{tensor_name}': external data has no location")
+    if "\0" in location:
+        raise InvalidGraph(
+            f"initializer '{tensor_name}': external data location {location!r} has a NUL byte"
+        )
     if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location[:3]:
         raise InvalidGraph(
             f"initializer '{tensor_name}': external data location '{location}' is an absolute "
@@ -116,21 +151,29 @@ def safe_external_path(base_dir: Path, location: str, tensor_name: str) -> Path:
             f"initializer '{tensor_name}': external data location '{location}' resolves to "
             f"'{target}', outside the model's folder '{root}' (symlink?)"
         )
-    if not target.is_file():
+    if not target.exists():
         raise NoSuchFile(
             f"initializer '{tensor_name}': external data file '{location}' not found in '{root}'"
+        )
+    if not target.is_file():
+        raise InvalidGraph(
+            f"initializer '{tensor_name}': external data location '{location}' is not a "
+            "regular file (a directory, device or FIFO)"
         )
     return target
 
 
+# The keys of TensorProto.external_data the ONNX spec defines; any other (a misspelt
+# 'offst', say) would silently give wrong weights, so it is an error.
+EXTERNAL_DATA_KEYS = frozenset({"location", "offset", "length", "checksum"})
+
+
 def _int_field(info: dict[str, str], key: str, tensor_name: str) -> int | None:
     raw = info.get(key)
-    if raw is None or raw == "":
+    if raw is None:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
+    # decimal digits only, as onnxruntime parses them ('', ' 4', '1e3', '+4' are errors)
+    value = int(raw) if raw.isascii() and raw.isdigit() else -1
     if value < 0:
         raise InvalidGraph(
             f"initializer '{tensor_name}': external data {key} '{raw}' is not a byte count"
@@ -138,14 +181,50 @@ def _int_field(info: dict[str, str], key: str, tensor_name: str) -> int | None:
     return value
 
 
+def tensor_nbytes(tensor: TensorProto) -> int:
+    """Bytes of a tensor's raw data from its dims and element type (sub-byte types packed)."""
+    name = tensor.name
+    dims = [int(d) for d in tensor.dims]
+    if any(d < 0 for d in dims):
+        raise InvalidGraph(f"initializer '{name}': dims {dims} contain a negative dimension")
+    if tensor.data_type == TensorProto.STRING:
+        raise InvalidGraph(f"initializer '{name}': string tensors cannot be stored externally")
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    except Exception:
+        raise InvalidGraph(
+            f"initializer '{name}': tensor does not have a valid data type ({tensor.data_type})"
+        ) from None
+    numel = 1
+    for d in dims:
+        numel *= d
+    bits = SUB_BYTE_BITS.get(tensor.data_type)
+    if bits is not None:
+        return (numel * bits + 7) // 8
+    return numel * dtype.itemsize
+
+
 def load_external_data(proto: ModelProto, base_dir: Path | None) -> None:
+    """Read every externally stored tensor: only its own bytes (its ``length``, or its size
+    from dims and type when no length is given), from a regular file inside ``base_dir``."""
     tensors = itertools.chain(
         _iter_tensors(proto.graph), *(_iter_node_tensors(f.node) for f in proto.functions)
     )
     for tensor in tensors:
         if tensor.data_location != TensorProto.EXTERNAL:
             continue
-        info = {e.key: e.value for e in tensor.external_data}
+        info: dict[str, str] = {}
+        for e in tensor.external_data:
+            if e.key not in EXTERNAL_DATA_KEYS:
+                raise InvalidGraph(
+                    f"initializer '{tensor.name}': unknown external data key '{e.key}' (the "
+                    f"keys are {sorted(EXTERNAL_DATA_KEYS)})"
+                )
+            if e.key in info:
+                raise InvalidGraph(
+                    f"initializer '{tensor.name}': external data key '{e.key}' is given twice"
+                )
+            info[e.key] = e.value
         if base_dir is None:
             raise InvalidArgument(
                 f"initializer '{tensor.name}' uses external data but the model was not loaded "
@@ -154,16 +233,27 @@ def load_external_data(proto: ModelProto, base_dir: Path | None) -> None:
         path = safe_external_path(base_dir, info.get("location", ""), tensor.name)
         offset = _int_field(info, "offset", tensor.name) or 0
         length = _int_field(info, "length", tensor.name)
+        nbytes = tensor_nbytes(tensor)
         size = path.stat().st_size
-        end = size if length is None else offset + length
-        if offset > size or end > size:
+        if offset + (nbytes if length is None else length) > size:
             raise Fail(
                 f"initializer '{tensor.name}': external data file '{path.name}' holds "
-                f"{size} bytes; offset {offset} + length {length} runs past its end"
+                f"{size} bytes; offset {offset} + length {nbytes if length is None else length}"
+                " runs past its end"
+            )
+        if length is not None and length != nbytes:
+            raise InvalidGraph(
+                f"initializer '{tensor.name}': external data length {length} does not match "
+                f"the {nbytes} bytes of its dims {list(tensor.dims)} and type"
             )
         with open(path, "rb") as f:
             f.seek(offset)
-            data = f.read(end - offset)
+            data = f.read(nbytes)
+        if len(data) != nbytes:  # the file shrank while we read it
+            raise Fail(
+                f"initializer '{tensor.name}': external data file '{path.name}' ended after "
+                f"{len(data)} of {nbytes} bytes"
+            )
         tensor.raw_data = data
         del tensor.external_data[:]
         tensor.data_location = TensorProto.DEFAULT

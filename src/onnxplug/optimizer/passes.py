@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import onnx
 
-from ..ir.graph import Graph, Node
+from ..ir.graph import Graph, Node, read_only
 from .fusions import fold_conv_batchnorm, fuse_transformer
 
 Folder = Callable[[Graph, Node, list[Any]], list[Any] | None]
@@ -121,11 +122,15 @@ def fold_constants(g: Graph, folder: Folder) -> None:
             keep.append(n)
             continue
         ins = [g.initializers[i] if i else None for i in n.inputs]
+        limit = max(_FOLD_MAX_ELEMENTS, sum(getattr(x, "size", 0) for x in ins))
+        sizes = predicted_sizes(n, ins)
+        if sizes is None or any(size > limit for size in sizes):
+            keep.append(n)  # too big (or of unknown size) to keep as a constant: run time
+            continue
         try:
             outs = folder(g, n, ins)
         except Exception:
             outs = None
-        limit = max(_FOLD_MAX_ELEMENTS, sum(getattr(x, "size", 0) for x in ins))
         if (
             outs is None
             or len(outs) < len([o for o in n.outputs if o])
@@ -135,8 +140,52 @@ def fold_constants(g: Graph, folder: Folder) -> None:
             continue
         for name, value in zip(n.outputs, outs):
             if name:
-                g.initializers[name] = value
+                g.initializers[name] = read_only(value)
     g.nodes = keep
+
+
+# Constant inputs up to this many elements are given to shape inference as values (shape
+# tensors, repeats, pads): enough for the output shapes of Expand, Tile, ConstantOfShape...
+_INFER_DATA_ELEMENTS = 4096
+
+
+def predicted_sizes(n: Node, ins: list[Any]) -> list[int] | None:
+    """Element counts of ``n``'s outputs for these constant inputs, from onnx's shape inference
+    of the node alone, *before* computing them (an all-constant Expand to 8 GB must not be
+    folded to find out); None when inference cannot tell."""
+    if n.proto is None:
+        return None
+    try:
+        schema = onnx.defs.get_schema(n.op_type, n.opset, n.domain)
+        types: dict[str, onnx.TypeProto] = {}
+        data: dict[str, onnx.TensorProto] = {}
+        for name, v in zip(n.inputs, ins):
+            if not name or not isinstance(v, np.ndarray) or v.dtype == object:
+                continue
+            elem = onnx.helper.np_dtype_to_tensor_dtype(v.dtype)
+            types[name] = onnx.helper.make_tensor_type_proto(elem, list(v.shape))
+            if v.size <= _INFER_DATA_ELEMENTS and v.dtype.kind in "iu":
+                data[name] = onnx.numpy_helper.from_array(np.asarray(v, order="C"), name)
+        inferred = onnx.shape_inference.infer_node_outputs(schema, n.proto, types, data)
+    except Exception:
+        return None
+    sizes: list[int] = []
+    for o in n.outputs:
+        if not o:
+            continue
+        tp = inferred.get(o)
+        if tp is None or tp.WhichOneof("value") != "tensor_type":
+            return None
+        tt = tp.tensor_type
+        if not tt.HasField("shape"):
+            return None
+        size = 1
+        for d in tt.shape.dim:
+            if not d.HasField("dim_value") or d.dim_value < 0:
+                return None
+            size *= d.dim_value
+        sizes.append(size)
+    return sizes
 
 
 def _remove_identity(g: Graph) -> None:

@@ -53,6 +53,46 @@ def to_numpy(value: Any) -> Any:
     return value
 
 
+def fresh_outputs(outputs: list[Any], feeds: list[Any]) -> list[Any]:
+    """Outputs the caller owns, as onnxruntime returns them: an array that shares memory with
+    a feed (an Identity, Reshape or Squeeze hands its input on as a view), with an earlier
+    output, or that is read-only (a constant the session keeps) is copied; every other array
+    is already fresh and is returned as it is."""
+    seen = {id(_root(a)) for a in _arrays(feeds)}
+
+    def fresh(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            root = id(_root(v))
+            if root in seen or not v.flags.writeable:
+                return v.copy()
+            seen.add(root)
+            return v
+        if isinstance(v, list):
+            return [fresh(x) for x in v]
+        if isinstance(v, dict):
+            return {k: fresh(x) for k, x in v.items()}
+        return v
+
+    return [fresh(v) for v in outputs]
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself when it is not a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _arrays(values: list[Any]) -> list[np.ndarray]:
+    out: list[np.ndarray] = []
+    for v in values:
+        if isinstance(v, np.ndarray):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(_arrays(v))
+    return out
+
+
 class OrtValue:
     """A runtime value. Create with the ``ortvalue_from_*`` static methods."""
 
@@ -258,4 +298,4 @@ def unwrap(value: Any) -> Any:
     return value._value if isinstance(value, OrtValue) else value
 
 
-__all__ = ["CPU", "OrtValue", "Value", "to_numpy", "unwrap"]
+__all__ = ["CPU", "OrtValue", "Value", "fresh_outputs", "to_numpy", "unwrap"]

@@ -456,6 +456,7 @@ class Pad(CudaKernel):
     def compute(self, ctx: KernelContext) -> None:
         t = ctx.input(0)
         widths, value = self.params(ctx, t.ndim)
+        shapes.padded_shape(t.shape, widths)
         x = self.arg(ctx, 0)
         if any(b < 0 or e < 0 for b, e in widths):
             x = x[tuple(slice(max(-b, 0), d - max(-e, 0)) for (b, e), d in zip(widths, t.shape))]

@@ -242,6 +242,7 @@ class Pad(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
         widths, value = self.params(ctx, x.ndim)
+        shapes.padded_shape(x.shape, widths)
         if any(b < 0 or e < 0 for b, e in widths):
             x = x[tuple(slice(max(-b, 0), d - max(-e, 0)) for (b, e), d in zip(widths, x.shape))]
             widths = [(max(b, 0), max(e, 0)) for b, e in widths]
@@ -287,8 +288,10 @@ class ConstantOfShape(Kernel):
         value = info.attr("value")
         self.value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
         shape = info.constant_input(0)
-        # a constant shape (model weights in "light" models) gives a constant value: made once
-        self.cached = None if shape is None else frozen(self.fill(shape))
+        # a constant shape (model weights in "light" models) gives a constant value: made once,
+        # when small (a huge one is the run's to allocate, or to fail to, not the session's)
+        small = shape is not None and shapes.size_of(max(d, 0) for d in ints(shape)) <= 1 << 20
+        self.cached = frozen(self.fill(shape)) if small else None
 
     def fill(self, shape: Any) -> np.ndarray:
         return np.full(ints(shape), self.value[0], dtype=self.value.dtype)

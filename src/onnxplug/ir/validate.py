@@ -1,0 +1,568 @@
+"""Load-time validation of a model against the ONNX schemas, as strict as onnxruntime's.
+
+Two passes, each raising one typed error that names the node, the attribute or input, and the
+rule broken:
+
+* ``check_proto`` runs on the ModelProto *before* any native code sees it (onnx's C++ shape
+  inference and inliner abort the process on some malformed input, e.g. a negative tensor
+  dimension): every tensor has a real element type, non-negative dims and a data size that
+  matches them; every declared value type names a real element type.
+* ``check_graph`` runs on the IR once types are inferred: every node of a standard domain
+  against its schema (attribute names, attribute type tags, required attributes, input and
+  output counts, type constraints and their bindings), window attributes of convolutions and
+  pools, initializers shadowed by graph inputs of another type or shape.
+
+Ops of custom domains have no schema here; their providers' kernels validate them.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, TypeProto
+
+from ..errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf
+from .types import ValueType, elem_type_name, elem_type_of
+
+if TYPE_CHECKING:
+    from .graph import Graph, Node
+
+_VALID_ELEM_TYPES = frozenset(
+    v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED
+)
+_STANDARD_DOMAINS = frozenset({"", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"})
+# bytes per element of the fixed-size types (None: strings; packed 4/2-bit types handled apart)
+SUB_BYTE_BITS = {
+    TensorProto.INT4: 4,
+    TensorProto.UINT4: 4,
+    TensorProto.FLOAT4E2M1: 4,
+    **{getattr(TensorProto, n): 2 for n in ("INT2", "UINT2") if hasattr(TensorProto, n)},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The proto, before native code sees it
+
+
+def check_proto(proto: ModelProto) -> None:
+    """Text fields, tensors and declared types of the whole model (subgraphs and functions
+    included)."""
+    _check_text(proto, "model")
+    for where, graph in _graphs(proto.graph, "graph"):
+        _check_graph_proto(graph, where)
+    for f in proto.functions:
+        for node in f.node:
+            _check_node_tensors(node, f"function '{_text(f.name)}'")
+
+
+def _check_text(msg: Any, where: str) -> None:
+    """Every string field is UTF-8 text (protobuf hands other bytes back as ``bytes``, which
+    would fail later, far from the cause, as a raw UnicodeDecodeError or a name mismatch)."""
+    for fd, value in msg.ListFields():
+        if fd.type == fd.TYPE_STRING:
+            items = value if _repeated(fd) else (value,)
+            for k, v in enumerate(items):
+                if isinstance(v, bytes):
+                    at = f"{fd.name}[{k}]" if _repeated(fd) else fd.name
+                    raise InvalidProtobuf(f"{where}.{at} is not valid UTF-8 text: {v[:40]!r}")
+        elif fd.type == fd.TYPE_MESSAGE:
+            if _repeated(fd):
+                for k, v in enumerate(value):
+                    _check_text(v, f"{where}.{fd.name}[{k}]")
+            else:
+                _check_text(value, f"{where}.{fd.name}")
+
+
+def _repeated(fd: Any) -> bool:
+    flag = getattr(fd, "is_repeated", None)
+    return bool(flag) if flag is not None else fd.label == fd.LABEL_REPEATED
+
+
+def _graphs(g: GraphProto, where: str) -> Iterator[tuple[str, GraphProto]]:
+    yield where, g
+    for node in g.node:
+        for attr in node.attribute:
+            sub = [attr.g] if attr.HasField("g") else []
+            for k, sg in enumerate(itertools.chain(sub, attr.graphs)):
+                label = f"{_node_label(node)} attribute '{_text(attr.name)}'"
+                yield from _graphs(sg, label if not k else f"{label}[{k}]")
+
+
+def _check_graph_proto(g: GraphProto, where: str) -> None:
+    for t in g.initializer:
+        check_tensor(t, f"initializer '{_text(t.name)}' of {where}")
+    for sp in g.sparse_initializer:
+        check_sparse_tensor(sp, f"sparse initializer '{_text(sp.values.name)}' of {where}")
+    # An output or value_info of element type 0 (UNDEFINED) reads as "unknown" (onnxruntime
+    # refuses it; models written as test fixtures use it for "any type"); an input's type is
+    # what feeds are checked against, so there it must be real.
+    for kind, infos, undefined_ok in (
+        ("input", g.input, False),
+        ("output", g.output, True),
+        ("value_info", g.value_info, True),
+    ):
+        for vi in infos:
+            if vi.HasField("type"):
+                _check_type_proto(vi.type, f"{kind} '{_text(vi.name)}' of {where}", undefined_ok)
+    for node in g.node:
+        _check_node_tensors(node, where)
+
+
+def _check_node_tensors(node: onnx.NodeProto, where: str) -> None:
+    for attr in node.attribute:
+        label = f"{_node_label(node)} attribute '{_text(attr.name)}' ({where})"
+        if attr.HasField("t"):
+            check_tensor(attr.t, label)
+        for t in attr.tensors:
+            check_tensor(t, label)
+        if attr.HasField("sparse_tensor"):
+            check_sparse_tensor(attr.sparse_tensor, label)
+        for sp in attr.sparse_tensors:
+            check_sparse_tensor(sp, label)
+        if attr.HasField("tp"):
+            _check_type_proto(attr.tp, label)
+        for tp in attr.type_protos:
+            _check_type_proto(tp, label)
+
+
+def _check_type_proto(tp: TypeProto, where: str, undefined_ok: bool = False) -> None:
+    which = tp.WhichOneof("value")
+    if which in ("tensor_type", "sparse_tensor_type"):
+        tt = getattr(tp, which)
+        if tt.elem_type not in _VALID_ELEM_TYPES and not (undefined_ok and tt.elem_type == 0):
+            raise InvalidArgument(f"{where}: invalid tensor element type {tt.elem_type}")
+    elif which == "sequence_type":
+        _check_type_proto(tp.sequence_type.elem_type, where, undefined_ok)
+    elif which == "optional_type":
+        _check_type_proto(tp.optional_type.elem_type, where, undefined_ok)
+    elif which == "map_type":
+        if tp.map_type.key_type not in _VALID_ELEM_TYPES:
+            raise InvalidArgument(f"{where}: invalid map key type {tp.map_type.key_type}")
+        _check_type_proto(tp.map_type.value_type, where, undefined_ok)
+
+
+def check_tensor(t: TensorProto, where: str) -> None:
+    """A tensor's element type is real, its dims are non-negative and its data fills them."""
+    if t.data_type not in _VALID_ELEM_TYPES:
+        raise InvalidGraph(f"{where}: tensor does not have a valid data type ({t.data_type})")
+    dims = [int(d) for d in t.dims]
+    if any(d < 0 for d in dims):
+        raise InvalidGraph(f"{where}: tensor dims {dims} contain a negative dimension")
+    if t.data_location == TensorProto.EXTERNAL:
+        return  # sized when read (ir.model.load_external_data)
+    numel = 1
+    for d in dims:
+        numel *= d
+    have = _stored_count(t)
+    if have is not None and have != numel:
+        raise InvalidGraph(f"{where}: tensor of dims {dims} needs {numel} values but holds {have}")
+
+
+def _stored_count(t: TensorProto) -> int | None:
+    """How many elements a tensor's data holds (None when the layout is not checked here)."""
+    dt = t.data_type
+    if t.HasField("raw_data"):
+        if dt == TensorProto.STRING:
+            return None
+        bits = SUB_BYTE_BITS.get(dt)
+        if bits is not None:
+            return None  # packed: the last byte may hold padding; numpy_helper checks it
+        size = onnx.helper.tensor_dtype_to_np_dtype(dt).itemsize
+        n = len(t.raw_data)
+        return n // size if n % size == 0 else -1
+    field = onnx.helper.tensor_dtype_to_field(dt) if dt != TensorProto.STRING else "string_data"
+    count = len(getattr(t, field))
+    if dt in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
+        return count // 2 if count % 2 == 0 else -1
+    if dt in SUB_BYTE_BITS:
+        return None
+    return count
+
+
+def check_sparse_tensor(sp: onnx.SparseTensorProto, where: str) -> None:
+    """A sparse tensor's values are 1-D, its indices [NNZ] or [NNZ, rank], all in range."""
+    check_tensor(sp.values, f"{where} (values)")
+    check_tensor(sp.indices, f"{where} (indices)")
+    dims = [int(d) for d in sp.dims]
+    if any(d < 0 for d in dims):
+        raise InvalidGraph(f"{where}: sparse tensor dims {dims} contain a negative dimension")
+    if len(sp.values.dims) != 1:
+        raise InvalidGraph(f"{where}: sparse values must be 1-D, not dims {list(sp.values.dims)}")
+    nnz = int(sp.values.dims[0])
+    if sp.indices.data_type != TensorProto.INT64:
+        raise InvalidGraph(f"{where}: sparse indices must be int64")
+    idims = [int(d) for d in sp.indices.dims]
+    numel = 1
+    for d in dims:
+        numel *= d
+    if idims == [nnz]:
+        bound = [numel]
+    elif idims == [nnz, len(dims)]:
+        bound = dims
+    else:
+        raise InvalidGraph(
+            f"{where}: sparse indices have dims {idims}; expected [{nnz}] or [{nnz}, {len(dims)}]"
+        )
+    if nnz == 0:
+        return
+    idx = onnx.numpy_helper.to_array(sp.indices).reshape(nnz, -1)
+    if (idx < 0).any() or (idx >= np.asarray(bound, dtype=np.int64)).any():
+        raise InvalidGraph(f"{where}: sparse indices out of range for dims {dims}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The IR, against the schemas
+
+
+def check_graph(g: Graph, ir_version: int) -> None:
+    """Every node of ``g`` and its subgraphs against its schema; shadowed initializers."""
+    _check_shadowed_initializers(g)
+    for node in g.nodes:
+        if node.proto is not None:
+            check_node(node, g, ir_version)
+        for sg in node.subgraphs.values():
+            check_graph(sg, ir_version)
+
+
+def _check_shadowed_initializers(g: Graph) -> None:
+    for vi in g.inputs:
+        arr = g.initializers.get(vi.name)
+        t = vi.type
+        if arr is None or t.kind != "tensor":
+            continue
+        try:
+            actual = elem_type_of(arr.dtype)
+        except ValueError:
+            continue
+        if t.elem_type and t.elem_type != actual:
+            raise Fail(
+                f"Type Error: Data in initializer '{vi.name}' has element type "
+                f"tensor({elem_type_name(actual)}) but the graph input of that name declares "
+                f"tensor({elem_type_name(t.elem_type)})"
+            )
+        if t.shape is not None:
+            fixed = [
+                (k, want) for k, want in enumerate(t.shape) if isinstance(want, int) and want >= 0
+            ]
+            if len(t.shape) != arr.ndim or any(arr.shape[k] != want for k, want in fixed):
+                raise Fail(
+                    f"Type Error: Shape of initializer '{vi.name}' {list(arr.shape)} does not "
+                    f"match the graph input of that name, declared {list(t.shape)}"
+                )
+
+
+def _schema(node: Node) -> Any:
+    if node.domain not in _STANDARD_DOMAINS:
+        return None
+    return _schema_of(node.op_type, node.opset, node.domain)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_of(op_type: str, opset: int, domain: str) -> Any:
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:
+        return None  # graph.py already refused unknown ops of the standard domains
+
+
+@functools.lru_cache(maxsize=4096)
+def _allowed_types(op_type: str, opset: int, domain: str) -> dict[str, frozenset[str]]:
+    schema = _schema_of(op_type, opset, domain)
+    return {tc.type_param_str: frozenset(tc.allowed_type_strs) for tc in schema.type_constraints}
+
+
+def check_node(node: Node, g: Graph, ir_version: int) -> None:
+    schema = _schema(node)
+    if schema is None:
+        return
+    label = node.label()
+    proto = node.proto
+    assert proto is not None
+    attrs = schema.attributes
+    seen: set[str] = set()
+    for a in proto.attribute:
+        name = _text(a.name)
+        if name in seen:
+            raise InvalidGraph(f"{label}: attribute '{name}' is given twice")
+        seen.add(name)
+        spec = attrs.get(name)
+        if spec is None:
+            raise InvalidGraph(
+                f"{label}: unrecognized attribute '{name}' for operator {node.op_type} "
+                f"(its attributes are {sorted(attrs) or 'none'})"
+            )
+        want = int(spec.type.value)
+        if a.type == AttributeProto.UNDEFINED and ir_version >= 2:
+            raise InvalidGraph(
+                f"{label}: attribute '{name}' has no type (field 'type' is required)"
+            )
+        if a.type != AttributeProto.UNDEFINED and a.type != want:
+            raise InvalidGraph(
+                f"{label}: attribute '{name}' has type {_attr_type_name(a.type)}, the schema of "
+                f"{node.op_type}-{schema.since_version} wants {_attr_type_name(want)}"
+            )
+    for name, spec in attrs.items():
+        if spec.required and name not in seen:
+            raise InvalidGraph(f"{label}: required attribute '{name}' is missing")
+    n_in, n_out = len(node.inputs), len(node.outputs)
+    if not schema.min_input <= n_in <= schema.max_input:
+        raise InvalidGraph(
+            f"{label}: has {n_in} inputs; {node.op_type}-{schema.since_version} takes "
+            f"{_arity(schema.min_input, schema.max_input)}"
+        )
+    if not schema.min_output <= n_out <= schema.max_output:
+        raise InvalidGraph(
+            f"{label}: has {n_out} outputs; {node.op_type}-{schema.since_version} gives "
+            f"{_arity(schema.min_output, schema.max_output)}"
+        )
+    for i, formal in _formals(list(schema.inputs), n_in):
+        if not node.inputs[i] and formal.option == onnx.defs.OpSchema.FormalParameterOption.Single:
+            raise InvalidGraph(f"{label}: required input {i} ('{formal.name}') is missing")
+    _check_types(node, g, schema)
+    _check_element_type_attrs(node, schema)
+    if node.op_type in ("If", "Loop", "Scan") and node.domain == "":
+        _check_subgraph_signature(node, g)
+    if node.op_type in _WINDOW_OPS and node.domain == "":
+        _check_window(node, g)
+
+
+def _arity(lo: int, hi: int) -> str:
+    if lo == hi:
+        return f"exactly {lo}"
+    return f"at least {lo}" if hi >= 2**31 - 1 else f"{lo} to {hi}"
+
+
+def _formals(params: list[Any], count: int) -> Iterator[tuple[int, Any]]:
+    """(actual index, formal parameter) pairs; a variadic last formal takes the rest."""
+    for i in range(count):
+        if i < len(params):
+            yield i, params[i]
+        elif params and params[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+            yield i, params[-1]
+
+
+def _type_string(t: ValueType | None) -> str | None:
+    """onnx's type string of a value type ('tensor(float)', 'seq(tensor(int64))'); None when
+    unknown or not comparable (maps, elements of unknown type)."""
+    if t is None:
+        return None
+    if t.kind in ("tensor", "sparse_tensor"):
+        return t.type_str() if t.elem_type in _VALID_ELEM_TYPES else None
+    if t.kind in ("sequence", "optional"):
+        inner = _type_string(t.inner)
+        if inner is None:
+            return None
+        return f"{'seq' if t.kind == 'sequence' else 'optional'}({inner})"
+    return None
+
+
+def _check_types(node: Node, g: Graph, schema: Any) -> None:
+    """Every input's type is allowed by its type constraint, and inputs bound to one type
+    parameter (homogeneous variadics included) agree."""
+    allowed = _allowed_types(node.op_type, node.opset, node.domain)
+    bound: dict[str, tuple[str, str]] = {}  # type param -> (type string, input name)
+    for i, formal in _formals(list(schema.inputs), len(node.inputs)):
+        name = node.inputs[i]
+        if not name:
+            continue
+        actual = _type_string(g.type_of(name))
+        if actual is None:
+            continue
+        param = formal.type_str
+        ok = allowed.get(param, frozenset({param}))
+        if any(s.startswith("map(") for s in ok):
+            continue  # onnx-ml's map notation differs from ours: not compared
+        if actual not in ok:
+            raise Fail(
+                f"Type Error: Type '{actual}' of input {i} '{name}' of {node.label()} is "
+                f"invalid: {node.op_type}-{schema.since_version} accepts "
+                f"{sorted(ok)} there"
+            )
+        homogeneous = (
+            formal.option != onnx.defs.OpSchema.FormalParameterOption.Variadic
+            or formal.is_homogeneous
+        )
+        if param in allowed and homogeneous:
+            prev = bound.setdefault(param, (actual, name))
+            if prev[0] != actual:
+                raise Fail(
+                    f"Type Error: Type parameter ({param}) of Optype ({node.op_type}) bound to "
+                    f"different types ({prev[0]} for '{prev[1]}' and {actual} for '{name}') in "
+                    f"{node.label()}"
+                )
+
+
+# Attributes that name an element type, and which ops have them.
+_ELEM_TYPE_ATTRS = {"to", "dtype", "output_datatype", "saturate_to"}
+
+
+def _check_element_type_attrs(node: Node, schema: Any) -> None:
+    for name in _ELEM_TYPE_ATTRS & set(node.attrs):
+        spec = schema.attributes.get(name)
+        if spec is None or spec.type != onnx.defs.OpSchema.AttrType.INT:
+            continue
+        value = node.attrs[name]
+        if value not in _VALID_ELEM_TYPES:
+            raise Fail(
+                f"{node.label()}: attribute '{name}' ({value}) does not specify a valid type"
+            )
+
+
+def _check_subgraph_signature(node: Node, g: Graph) -> None:
+    """A control-flow node's bodies take and give what the node passes and expects: If's
+    branches have no inputs and one output per node output; a Loop body takes (iteration,
+    condition, carried...) and gives (condition, carried..., scan outputs...); a Scan body
+    takes (states..., scan slices...) and gives (states..., scan outputs...). Carried values
+    and states keep their element type."""
+    label = node.label()
+    n_in, n_out = len(node.inputs), len(node.outputs)
+    if node.op_type == "If":
+        for name in ("then_branch", "else_branch"):
+            body = node.subgraphs.get(name)
+            if body is None:
+                continue
+            if body.inputs:
+                raise InvalidGraph(
+                    f"{label}: {name} must take no inputs, it has {len(body.inputs)}"
+                )
+            if len(body.outputs) != n_out:
+                raise InvalidGraph(
+                    f"{label}: {name} gives {len(body.outputs)} outputs for the node's {n_out}"
+                )
+        return
+    body = node.subgraphs.get("body")
+    if body is None:
+        return
+    if node.op_type == "Loop":
+        want_in, want_out = n_in, 1 + n_out
+        carried = list(zip(node.inputs[2:], body.inputs[2:]))
+    else:
+        n_scan = node.attrs.get("num_scan_inputs")
+        first = 1 if node.since_version < 9 else 0  # Scan-8's sequence_lens
+        if not isinstance(n_scan, int) or not 1 <= n_scan <= n_in - first:
+            raise InvalidGraph(
+                f"{label}: num_scan_inputs {n_scan} must be in [1, {n_in - first}] (the inputs)"
+            )
+        want_in, want_out = n_in - first, n_out
+        carried = list(zip(node.inputs[first : n_in - n_scan], body.inputs))
+    if len(body.inputs) != want_in or len(body.outputs) != want_out:
+        raise InvalidGraph(
+            f"{label}: its body takes {len(body.inputs)} inputs and gives {len(body.outputs)} "
+            f"outputs; with {n_in} node inputs and {n_out} outputs it must take {want_in} and "
+            f"give {want_out}"
+        )
+    for name, formal in carried:
+        actual = g.type_of(name) if name else None
+        want = formal.type
+        if actual is None or actual.kind != "tensor" or want.kind != "tensor":
+            continue
+        if actual.elem_type and want.elem_type and actual.elem_type != want.elem_type:
+            raise Fail(
+                f"Type Error: {label} passes '{name}' of type {actual.type_str()} to body input "
+                f"'{formal.name}' of type {want.type_str()}"
+            )
+
+
+_WINDOW_OPS = frozenset(
+    {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool"}
+)
+_POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+
+
+def _check_window(node: Node, g: Graph) -> None:
+    """kernel_shape, strides, dilations and pads of a convolution or pool (the values every
+    provider's kernel would otherwise compute with), and pads smaller than a pool's window."""
+    a = node.attrs
+    kernel = a.get("kernel_shape")
+    n = len(kernel) if kernel else None
+    x = g.type_of(node.inputs[0]) if node.inputs and node.inputs[0] else None
+    x_rank = len(x.shape) if x is not None and x.kind == "tensor" and x.shape is not None else None
+    if node.op_type not in _POOL_OPS:
+        w_index = 3 if node.op_type == "QLinearConv" else 1
+        w = g.type_of(node.inputs[w_index]) if len(node.inputs) > w_index else None
+        if w is not None and w.kind == "tensor" and w.shape is not None:
+            if x_rank is not None and x_rank != len(w.shape):
+                raise Fail(
+                    f"{node.label()}: input X has rank {x_rank} but the weights W have rank "
+                    f"{len(w.shape)}; they must agree (N, C, spatial dims...)"
+                )
+            if n is None and len(w.shape) >= 2:
+                n = len(w.shape) - 2
+    if x_rank is not None and n is not None and x_rank != n + 2:
+        raise Fail(
+            f"{node.label()}: input X has rank {x_rank}, the window has {n} spatial dims "
+            f"(X must be N, C and {n} spatial dims)"
+        )
+    if n is None:
+        if x_rank is None or x_rank < 2:
+            return  # no rank known: the kernels check at run time
+        n = x_rank - 2
+    pads = a.get("pads") if a.get("auto_pad", "NOTSET") == "NOTSET" else None
+    try:
+        check_window_attrs(n, kernel, a.get("strides"), a.get("dilations"), pads)
+    except ValueError as e:
+        raise Fail(f"{node.label()}: {e}") from None
+    if node.op_type in _POOL_OPS and kernel and pads:
+        for i, k in enumerate(kernel):
+            if pads[i] >= k or pads[n + i] >= k:
+                raise Fail(
+                    f"{node.label()}: pads {list(pads)} must be smaller than kernel_shape "
+                    f"{list(kernel)} (a window inside the padding has no input)"
+                )
+
+
+def check_window_attrs(
+    n_spatial: int,
+    kernel: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+    dilations: Sequence[int] | None = None,
+    pads: Sequence[int] | None = None,
+) -> None:
+    """Raise ValueError when a window attribute of Conv, ConvTranspose or a pooling op breaks
+    the op's rules: kernel_shape, strides and dilations positive, pads non-negative, one value
+    per spatial dim (two for pads). Checked at load (``check_graph``) and again by the shared
+    geometry functions (``framework.shapes``) that every provider's kernels call, so no
+    provider computes with, say, a negative dilation (which reads outside the input)."""
+    for name, values, lo, per_dim in (
+        ("kernel_shape", kernel, 1, 1),
+        ("strides", strides, 1, 1),
+        ("dilations", dilations, 1, 1),
+        ("pads", pads, 0, 2),
+    ):
+        if values is None or not len(values):
+            continue
+        if len(values) != per_dim * n_spatial:
+            raise ValueError(
+                f"Attribute {name} has incorrect size: {len(values)} values for "
+                f"{n_spatial} spatial dims (expected {per_dim * n_spatial})"
+            )
+        if any(int(v) < lo for v in values):
+            rule = "only contain positive values" if lo else "not contain negative values"
+            raise ValueError(f"Attribute {name} must {rule}, got {[int(v) for v in values]}")
+
+
+def _attr_type_name(t: int) -> str:
+    try:
+        return AttributeProto.AttributeType.Name(t)
+    except ValueError:
+        return str(t)
+
+
+def _node_label(node: onnx.NodeProto) -> str:
+    return f"{_text(node.op_type)} node '{_text(node.name)}'"
+
+
+def _text(s: Any) -> str:
+    """A proto string field for a message (protobuf may hand non-UTF-8 text as bytes)."""
+    if isinstance(s, bytes):
+        return s.decode("utf-8", errors="replace")
+    return str(s)
+
+
+def all_value_infos(g: GraphProto) -> Iterable[onnx.ValueInfoProto]:
+    return itertools.chain(g.input, g.output, g.value_info)
