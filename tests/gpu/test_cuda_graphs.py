@@ -7,6 +7,7 @@ Replays are compared bit for bit with eager runs of the same session (``gpu_grap
 
 from __future__ import annotations
 
+import gc
 import threading
 import warnings
 
@@ -242,6 +243,8 @@ def test_user_stream_with_graphs_is_never_destroyed():
         np.testing.assert_array_equal(y, e)
     s.synchronize()  # still a live stream
     assert states(sess) == ["captured"]
+    del sess  # a user's stream must outlive the sessions that run on it
+    gc.collect()
 
 
 def test_failed_capture_warns_names_the_node_and_keeps_the_session_usable():

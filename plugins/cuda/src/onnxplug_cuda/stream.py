@@ -193,10 +193,11 @@ class CudaSyncStream(SyncStream):
         if self.closed:
             return
         self.closed = True
-        try:
-            cudart().cudaStreamSynchronize(self._handle)
-        except Exception:
-            pass
+        if self.owned:  # a user's stream is theirs: never touched after the session is done
+            try:
+                cudart().cudaStreamSynchronize(self._handle)
+            except Exception:
+                pass
         if self._on_close is not None:
             self._on_close(self._handle)
         super().close()  # drained: arenas untag the blocks they tagged with this stream
