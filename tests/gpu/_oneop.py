@@ -100,26 +100,31 @@ CHECKS_RUN: list[str] = []  # the checks of the running test that ran (reset per
 
 
 def _not_admitted(op: str, feeds: Any, opset: int) -> str:
-    """Why ``op`` at ``opset`` refuses the element type of its first input ('' if it admits
-    it)."""
+    """Why ``op`` at ``opset`` refuses the element type of one of its inputs (feeds in node
+    input order; '' if it admits them all)."""
     import onnx
 
     items = feeds.items() if isinstance(feeds, dict) else [(f[0], f[1]) for f in feeds]
-    name, first = next(iter(items))
     try:
         schema = onnx.defs.get_schema(op, opset, "")
     except Exception:
         return ""
-    param = schema.inputs[0].type_str if schema.inputs else ""
-    allowed = next(
-        (c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == param), None
-    )
-    if allowed is None:
-        return ""
-    want = f"tensor({helper.tensor_dtype_to_string(ELEM[first.dtype]).split('.')[-1].lower()})"
-    if want in allowed:
-        return ""
-    return f"{op}-{schema.since_version} does not admit {want} (the model is invalid)"
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    formal = schema.inputs
+    for k, (name, value) in enumerate(items):
+        if not formal or not hasattr(value, "dtype") or value.dtype not in ELEM:
+            continue
+        param = formal[min(k, len(formal) - 1)].type_str
+        types = allowed.get(param)
+        if types is None:
+            continue
+        elem = helper.tensor_dtype_to_string(ELEM[value.dtype]).split(".")[-1].lower()
+        if f"tensor({elem})" not in types:
+            return (
+                f"{op}-{schema.since_version} does not admit tensor({elem}) for input {k} "
+                f"'{name}' (the model is invalid)"
+            )
+    return ""
 
 
 def rand(shape: tuple[int, ...], dtype: Any, lo: float = -3.0, hi: float = 3.0, seed: int = 0):
