@@ -14,7 +14,7 @@ import onnxplug as ox
 
 ort = pytest.importorskip("onnxruntime")
 
-N_NODES, SIZE = 120, 128
+N_NODES, SIZE = 120, 192
 
 
 def _chain() -> bytes:
@@ -47,7 +47,7 @@ def _stopped(rt, model: bytes) -> tuple[float, float, str]:
     sess.run(None, {"x": x})
     whole = time.perf_counter() - t0
     ro = rt.RunOptions()
-    timer = threading.Timer(whole / 5, lambda: setattr(ro, "terminate", True))
+    timer = threading.Timer(whole / 10, lambda: setattr(ro, "terminate", True))
     t0 = time.perf_counter()
     timer.start()
     try:
@@ -61,10 +61,15 @@ def _stopped(rt, model: bytes) -> tuple[float, float, str]:
 
 
 def test_terminate_stops_a_run_between_nodes():
-    """The flag is set a fifth of a run's time after the run started: a run that ends with
-    the terminate error was stopped in progress (one that had finished would succeed)."""
+    """The flag is set a tenth of a run's time after the run started: a run that ends with
+    the terminate error was stopped in progress (one that had finished would succeed). On a
+    loaded machine a run can finish before the timer fires, which proves nothing either way:
+    up to three attempts."""
     model = _chain()
     for rt in (ort, ox):
-        whole, stopped, error = _stopped(rt, model)
+        for _ in range(3):
+            whole, stopped, error = _stopped(rt, model)
+            if error:
+                break
         assert "Exiting due to terminate flag being set to true" in error, (rt.__name__, error)
         assert stopped < whole * 10, (rt.__name__, whole, stopped)  # not hung to the end
