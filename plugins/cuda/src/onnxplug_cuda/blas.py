@@ -398,68 +398,28 @@ class LtGemm:
             geo = self._geometry(gkey)
         if geo is None:
             return None
-        al = self._alignments(geo, a, b, out, c)
-        bias_ptr = _ptr(bias) if bias is not None else 0
-        plan = self._build(ctx, (*geo.key, *al), bias_ptr)  # this node's own descriptor
-        ws_ptr = ctx.workspace(plan.ws) if plan.ws else 0  # the frame's, shared by calls
-        calls = self._calls(ctx, geo, plan, a, b, out, alpha, beta, c, ws_ptr)
-        matmul = self.L.matmul
-        keep = plan  # its descriptor and layouts must outlive the calls
-        if len(calls) == 1:
-            (args,) = calls
-
-            def one() -> None:
-                matmul(*args)
-
-            one.keep = keep  # type: ignore[attr-defined]
-            return one
-
-        def batches() -> None:
-            for args in calls:
-                matmul(*args)
-
-        batches.keep = keep  # type: ignore[attr-defined]
-        return batches
-
-    @staticmethod
-    def _alignments(geo: _Geo, a: Any, b: Any, out: Any, c: Any) -> tuple[int, ...]:
-        """The operands' pointer alignments in cuBLASLt's order (B, A, C, D), capped by what
-        the batch strides allow: the lowest set bit of (ptr | cap)."""
         pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
         pc = pd if c is None or c is out else _ptr(c)
         s0, s1, s2, s3 = geo.sal
-        return (
+        al = (
             (pb | s0) & -(pb | s0),
             (pa | s1) & -(pa | s1),
             (pc | s2) & -(pc | s2),
             (pd | s3) & -(pd | s3),
         )
-
-    def _calls(
-        self,
-        ctx: Any,
-        geo: _Geo,
-        plan: _LtPlan,
-        a: Any,
-        b: Any,
-        out: Any,
-        alpha: float,
-        beta: float,
-        c: Any,
-        ws_ptr: int,
-    ) -> list[tuple]:
-        """The ``cublasLtMatmul`` argument tuples of a call, one per batch looped in Python."""
-        pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
-        pc = pd if c is None or c is out else _ptr(c)
+        bias_ptr = _ptr(bias) if bias is not None else 0
+        plan = self._build(ctx, (*geo.key, *al), bias_ptr)  # this node's own descriptor
         sk = (geo.scale, alpha, beta if c is not None else 0.0)
         sc = self._scalars.get(sk)
         if sc is None:
             arrs = (np.array([alpha], geo.scale), np.array([sk[2]], geo.scale))
             sc = self._scalars[sk] = (arrs[0].ctypes.data, arrs[1].ctypes.data, arrs)
+        ws_ptr = ctx.workspace(plan.ws) if plan.ws else 0  # the frame's, shared by calls
+        ws = None
         stream = ctx.stream
         handle, sh = stream.cublaslt, stream.handle
         c_is_d = c is None or c is out
-        return [
+        calls = [
             (
                 handle,
                 plan.desc,
@@ -480,6 +440,23 @@ class LtGemm:
             )
             for oa, ob, od in geo.offsets
         ]
+        matmul = self.L.matmul
+        keep = (plan, ws, sc)
+        if len(calls) == 1:
+            (args,) = calls
+
+            def one() -> None:
+                matmul(*args)
+
+            one.keep = keep  # type: ignore[attr-defined]
+            return one
+
+        def batches() -> None:
+            for args in calls:
+                matmul(*args)
+
+        batches.keep = keep  # type: ignore[attr-defined]
+        return batches
 
     def _fallback(self, a, b, out, trans_a, trans_b, alpha, beta, c, bias, epilogue, dt) -> None:
         stats["xp"] += 1
@@ -594,17 +571,52 @@ class LtGemm:
         c: Any,
         bias: Any,
     ) -> None:
-        al = self._alignments(geo, a, b, out, c)
+        pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
+        pc = pd if c is None or c is out else _ptr(c)
+        s0, s1, s2, s3 = geo.sal
+        # the pointers' alignment (capped by the strides'): the lowest set bit of (ptr | cap)
+        al = (
+            (pb | s0) & -(pb | s0),
+            (pa | s1) & -(pa | s1),
+            (pc | s2) & -(pc | s2),
+            (pd | s3) & -(pd | s3),
+        )
         plan = geo.plans.get(al)
         if plan is None:
             plan = self._plan(ctx, geo, al, _ptr(bias) if bias is not None else 0)
         if plan is False:
             raise RuntimeError("cuBLASLt has no algorithm for this GEMM (cached)")
         L = self.L
+        sk = (geo.scale, alpha, beta if c is not None else 0.0)
+        sc = self._scalars.get(sk)
+        if sc is None:
+            arrs = (np.array([alpha], geo.scale), np.array([sk[2]], geo.scale))
+            sc = self._scalars[sk] = (arrs[0].ctypes.data, arrs[1].ctypes.data, arrs)
         ws = ctx.scratch(plan.ws) if plan.ws else None
         ws_ptr = int(ws.ptr) if ws is not None else 0
+        stream = ctx.stream
+        handle, sh = stream.cublaslt, stream.handle
         bias_ptr = _ptr(bias) if bias is not None else 0
-        for args in self._calls(ctx, geo, plan, a, b, out, alpha, beta, c, ws_ptr):
+        c_is_d = c is None or c is out
+        for oa, ob, od in geo.offsets:
+            args = (
+                handle,
+                plan.desc,
+                sc[0],
+                pb + ob,
+                plan.la,
+                pa + oa,
+                plan.lb,
+                sc[1],
+                pd + od if c_is_d else pc + od,
+                plan.lc,
+                pd + od,
+                plan.ld,
+                plan.algo_ptr,
+                ws_ptr,
+                plan.ws,
+                sh,
+            )
             if bias is None:
                 L.matmul(*args)
             else:
