@@ -308,8 +308,16 @@ class GraphCapture:
 
     # running ------------------------------------------------------------------------------------
     def run(
-        self, sig: SignaturePlan, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
+        self,
+        sig: SignaturePlan,
+        feeds: list[Any],
+        run_options: Any,
+        fetch: Sequence[Any] | None,
+        profiler: Any = None,
     ) -> list[Any]:
+        """A run of a capturing session. With ``profiler``, the eager runs (warm-up, a
+        disabled capture) record their nodes; a capturing or replaying run records only its
+        ``SequentialExecutor::Execute`` (its work is one graph per segment)."""
         aid = annotation_id(run_options)
         runner = self.runner
         while True:
@@ -318,19 +326,28 @@ class GraphCapture:
                 if ctx.released:
                     continue  # released by another thread meanwhile: make a new one
                 if ctx.state == _Context.CAPTURED:
-                    return self._replay(ctx, feeds, run_options, fetch)
+                    return self._replay(ctx, feeds, run_options, fetch, profiler)
                 if ctx.state == _Context.DISABLED or not ctx.segments:
-                    return runner._execute(ctx.frame, feeds, run_options, None, fetch)
+                    return runner._execute(
+                        ctx.frame, feeds, run_options, None, fetch, profiler=profiler
+                    )
                 for _ in range(MAX_WARMUP_RUNS):
                     if ctx.runs >= self.min_runs and ctx.frame_runs >= 1:
-                        return self._capture(ctx, feeds, run_options, fetch)
-                    outs = runner._execute(ctx.frame, feeds, run_options, None, fetch)
+                        return self._capture(ctx, feeds, run_options, fetch, profiler)
+                    outs = runner._execute(
+                        ctx.frame, feeds, run_options, None, fetch, profiler=profiler
+                    )
                     ctx.runs += 1
                     ctx.frame_runs += 1
                 return outs
 
     def _capture(
-        self, ctx: _Context, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
+        self,
+        ctx: _Context,
+        feeds: list[Any],
+        run_options: Any,
+        fetch: Sequence[Any] | None,
+        profiler: Any = None,
     ) -> list[Any]:
         def body(frame: Frame, run_options: Any, where: list[Any]) -> None:
             values = frame.values
@@ -345,7 +362,7 @@ class GraphCapture:
                     _run_steps((steps[item],), values, where, run_options)
 
         outs = self.runner._execute(
-            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots
+            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots, profiler
         )
         if ctx.state != _Context.DISABLED:
             ctx.state = _Context.CAPTURED
@@ -416,13 +433,18 @@ class GraphCapture:
         )
 
     def _replay(
-        self, ctx: _Context, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
+        self,
+        ctx: _Context,
+        feeds: list[Any],
+        run_options: Any,
+        fetch: Sequence[Any] | None,
+        profiler: Any = None,
     ) -> list[Any]:
         body = ctx.replay_body
         if body is None:
             body = ctx.replay_body = self._replay_body(ctx)
         return self.runner._execute(
-            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots
+            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots, profiler
         )
 
     def _replay_body(self, ctx: _Context) -> Any:
