@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import Fail, InvalidArgument, OnnxPlugError
+from .arena import BFCArena
 from .control_flow import place
 from .kernel import Kernel, KernelContext, KernelInfo
-from .arena import BFCArena
 from .memory import (
     CPU,
     Allocation,

@@ -175,9 +175,7 @@ class InferenceSession:
         for g, node, op, ep in self._assignment:
             self._log(logging.DEBUG, f"graph '{g}': {op} node '{node}' runs on {ep}")
         if self._profiler is not None:
-            self._profiler.add(
-                SESSION, "session_initialization", t_loaded, time.perf_counter_ns()
-            )
+            self._profiler.add(SESSION, "session_initialization", t_loaded, time.perf_counter_ns())
 
     def _start_profiling(self) -> None:
         """With ``enable_profiling``, the session's profiler and its trace file, named and
@@ -196,7 +194,7 @@ class InferenceSession:
                 f"profile_file_prefix '{opts.profile_file_prefix}': the profile file cannot "
                 f"be created: {e}"
             ) from e
-        self._profile_end = weakref.finalize(self, _write_profile, self._profiler, path)
+        self._profile_end = weakref.finalize(self, _write_profile_at_exit, self._profiler, path)
 
     def _log(self, level: int, message: str) -> None:
         """Prints ``message`` (at a logging level) if the session's log_severity_level lets
@@ -829,11 +827,12 @@ class InferenceSession:
         """Stop profiling and write the trace (onnxruntime's format, see
         ``framework/profiler.py``); its path. "" when the session does not profile, or no
         longer: profiling ends with the first call, as in onnxruntime."""
-        end = self._profile_end
-        if end is None or not end.alive:
+        end = self._profile_end.detach() if self._profile_end is not None else None
+        if end is None:
             return ""
         self._runner.profiler = None
-        return str(end())
+        _, _, (profiler, path), _ = end
+        return _write_profile(profiler, path)
 
     def get_profiling_start_time_ns(self) -> int:
         """When profiling started (epoch nanoseconds; a trace's ``ts`` counts microseconds
@@ -845,6 +844,15 @@ def _write_profile(profiler: Profiler, path: str) -> str:
     """Stop ``profiler`` and write its events to ``path``; the path."""
     write_trace(path, profiler.end())
     return path
+
+
+def _write_profile_at_exit(profiler: Profiler, path: str) -> None:
+    """The trace of a session collected (or alive at exit) without ``end_profiling()``, as
+    onnxruntime writes it when a session is destroyed; a failure is a warning."""
+    try:
+        _write_profile(profiler, path)
+    except OSError as e:
+        log.log(log.severity_of(logging.WARNING), f"the profile '{path}' was not written: {e}")
 
 
 # What a session-creation error that no check anticipated says first (tools.fuzz counts these

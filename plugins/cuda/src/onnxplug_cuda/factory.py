@@ -120,6 +120,12 @@ class CudaEpFactory(EpFactory):
             ep.device, ep.ordinal, user_handle, ep.options.enable_cudnn, on_close, shared
         )
 
+    def create_device_timer(self, ep: CudaEp) -> Any:
+        """The timer of ``ep``'s nodes while profiling (CUDA events on their streams)."""
+        from .stream import CudaEventTimer
+
+        return CudaEventTimer(ep.ordinal)
+
     def synchronize(self, ordinal: int) -> None:
         from .runtime import DeviceGuard, check, cudart
 
