@@ -740,7 +740,7 @@ class GraphRunner:
                 body(frame, run_options, where)
             elif recorder is not None:
                 self._execute_recording(frame, recorder, where, profiler, timing)
-            elif timing is not None:
+            elif profiler is not None and timing is not None:
                 self._execute_profiled(frame, where, run_options, profiler, timing)
             else:
                 _run_steps(frame.steps, values, where, run_options)
@@ -1026,7 +1026,12 @@ class GraphRunner:
         start = timer.mark(stream) if timer is not None else None
         usage = ArenaUsage(node.arena) if node.arena is not None else None
         t0 = time.perf_counter_ns()
-        step[0](ctx)
+        try:
+            step[0](ctx)
+        except BaseException:
+            if timer is not None:
+                timer.release([start])
+            raise
         t1 = time.perf_counter_ns()
         if timer is not None:
             timing.pending.append(

@@ -94,6 +94,9 @@ class CudaEventTimer(DeviceTimer):
             except Exception:
                 pass
 
+    def __del__(self) -> None:  # a frame collected without being closed
+        self.close()
+
 
 class CudaSyncStream(SyncStream):
     """A CUDA stream (owned, or the user's) and the library handles bound to it."""
