@@ -56,6 +56,7 @@ from .profiler import (
     ArenaUsage,
     Profiler,
     RunTiming,
+    input_facts,
     set_active_profiler,
     type_shapes,
 )
@@ -1010,16 +1011,7 @@ class GraphRunner:
             return
         node = self._node_profile(spec)
         values = ctx.values
-        constants = self.plan.constants
-        ins = [values[s] if s >= 0 else None for s in ctx.in_slots]
-        in_shapes, _ = type_shapes(ins)
-        activations = parameters = 0
-        for s, v in zip(ctx.in_slots, ins):
-            if isinstance(v, (np.ndarray, np.generic, DeviceTensor)):
-                if s in constants:
-                    parameters += int(v.nbytes)
-                else:
-                    activations += int(v.nbytes)
+        in_shapes, activations, parameters = input_facts(ctx.in_slots, values, self.plan.constants)
         stream = ctx.stream
         anchored = stream is not None and id(stream) in timing.anchors
         timer = frame.timers.get(spec.ep_key) if anchored and spec.ep_key is not None else None
@@ -1034,9 +1026,7 @@ class GraphRunner:
             raise
         t1 = time.perf_counter_ns()
         if timer is not None:
-            timing.pending.append(
-                (timer, stream, start, timer.mark(stream), *node.timed)  # type: ignore[arg-type]
-            )
+            timing.pending.append((timer, stream, start, timer.mark(stream), *node.timed))
         out_shapes, out_bytes = type_shapes([values[s] for s in ctx.out_slots if s >= 0])
         args: dict[str, Any] = {
             "op_name": node.op_type,

@@ -36,7 +36,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import numpy as np
@@ -144,22 +144,43 @@ def reserve_trace_file(prefix: str) -> str:
 # a node's args
 
 
+def _tensor_fact(v: Any) -> tuple[dict[str, list[int]], int] | None:
+    """``({element type: shape}, bytes)`` of a tensor; None for anything else (onnxruntime
+    skips non-tensors)."""
+    if not isinstance(v, (np.ndarray, np.generic, DeviceTensor)):
+        return None
+    dt = np.dtype(v.dtype)
+    try:
+        name = elem_type_name(elem_type_of(dt))
+    except ValueError:
+        name = str(dt)
+    return {name: [int(d) for d in v.shape]}, int(v.nbytes)
+
+
 def type_shapes(values: Sequence[Any]) -> tuple[list[dict[str, list[int]]], int]:
-    """``[{element type: shape}]`` of the tensors among ``values`` (others are skipped, as
-    onnxruntime skips non-tensors) and their total bytes."""
-    out: list[dict[str, list[int]]] = []
-    total = 0
-    for v in values:
-        if not isinstance(v, (np.ndarray, np.generic, DeviceTensor)):
+    """``[{element type: shape}]`` of the tensors among ``values`` and their total bytes (a
+    node's ``output_type_shape`` and ``output_size``)."""
+    facts = [f for f in map(_tensor_fact, values) if f is not None]
+    return [f[0] for f in facts], sum(f[1] for f in facts)
+
+
+def input_facts(
+    slots: Sequence[int], values: Sequence[Any], constants: Container[int]
+) -> tuple[list[dict[str, list[int]]], int, int]:
+    """A node's ``input_type_shape``, ``activation_size`` (bytes of its non-constant input
+    tensors) and ``parameter_size`` (of its constant ones: initializers)."""
+    shapes: list[dict[str, list[int]]] = []
+    activations = parameters = 0
+    for s in slots:
+        f = _tensor_fact(values[s]) if s >= 0 else None
+        if f is None:
             continue
-        dt = np.dtype(v.dtype)
-        try:
-            name = elem_type_name(elem_type_of(dt))
-        except ValueError:
-            name = str(dt)
-        out.append({name: [int(d) for d in v.shape]})
-        total += int(v.nbytes)
-    return out, total
+        shapes.append(f[0])
+        if s in constants:
+            parameters += f[1]
+        else:
+            activations += f[1]
+    return shapes, activations, parameters
 
 
 class ArenaUsage:
@@ -246,6 +267,7 @@ __all__ = [
     "Profiler",
     "RunTiming",
     "active_profiler",
+    "input_facts",
     "reserve_trace_file",
     "set_active_profiler",
     "type_shapes",
