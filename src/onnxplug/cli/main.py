@@ -677,6 +677,28 @@ def _add_provider_args(p: argparse.ArgumentParser, help_default: str) -> None:
     )
 
 
+def _add_model_args(p: argparse.ArgumentParser, dims: str, runs: str) -> None:
+    """The model, its providers and feeds (``--input``, ``--dim``: ``dims`` says what an
+    unfixed dim without one gets), ``--runs`` (``runs``: what they are) and ``--seed``."""
+    p.add_argument("model", help="path of an .onnx model")
+    _add_provider_args(p, "all available")
+    p.add_argument(
+        "--input",
+        action="append",
+        metavar="name=file.npy",
+        help="feed input 'name' from a .npy file (repeatable); others get random data",
+    )
+    p.add_argument(
+        "--dim",
+        action="append",
+        metavar="name=value|input:axis=value",
+        help="size of an unfixed dimension of random inputs, by its name (batch=4) or by input "
+        f"and axis (x:0=4, also for unnamed and -1 dims); {dims} (repeatable)",
+    )
+    p.add_argument("--runs", type=int, default=DEFAULT_RUNS, help=runs)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import onnxplug as ox
 
@@ -698,28 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="run a model on given or random inputs and time it")
-    p.add_argument("model", help="path of an .onnx model")
-    _add_provider_args(p, "all available")
-    p.add_argument(
-        "--input",
-        action="append",
-        metavar="name=file.npy",
-        help="feed input 'name' from a .npy file (repeatable); others get random data",
-    )
-    p.add_argument(
-        "--dim",
-        action="append",
-        metavar="name=value|input:axis=value",
-        help="size of an unfixed dimension of random inputs, by its name (batch=4) or by input "
-        "and axis (x:0=4, also for unnamed and -1 dims); default 1 (repeatable)",
-    )
-    p.add_argument(
-        "--runs",
-        type=int,
-        default=DEFAULT_RUNS,
-        help=f"timed runs after the first (default {DEFAULT_RUNS})",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    _add_model_args(p, "default 1", f"timed runs after the first (default {DEFAULT_RUNS})")
     p.add_argument("--output-dir", metavar="DIR", help="save each output as DIR/<name>.npy")
     p.add_argument(
         "--memory",
@@ -736,28 +737,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "profile", help="profile a model: host and GPU time by op type, timeline charts"
     )
-    p.add_argument("model", help="path of an .onnx model")
-    _add_provider_args(p, "all available")
-    p.add_argument(
-        "--dim",
-        action="append",
-        metavar="name=value|input:axis=value",
-        help="size of an unfixed input dimension, by its name (batch=4) or by input and axis "
-        "(x:0=4); required for every unfixed dimension (repeatable)",
+    _add_model_args(
+        p,
+        "required for each",
+        f"profiled runs after {PROFILE_WARMUP} warm-up runs (default {DEFAULT_RUNS})",
     )
-    p.add_argument(
-        "--input",
-        action="append",
-        metavar="name=file.npy",
-        help="feed input 'name' from a .npy file (repeatable); others get random data",
-    )
-    p.add_argument(
-        "--runs",
-        type=int,
-        default=DEFAULT_RUNS,
-        help=f"profiled runs after {PROFILE_WARMUP} warm-up runs (default {DEFAULT_RUNS})",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     p.add_argument("--png", metavar="FILE", help="draw the charts to a PNG (needs matplotlib)")
     p.add_argument("--trace", metavar="FILE", help="keep the trace (onnxruntime's JSON format)")

@@ -316,8 +316,8 @@ class GraphCapture:
         profiler: Any = None,
     ) -> list[Any]:
         """A run of a capturing session. With ``profiler``, the eager runs (warm-up, a
-        disabled capture) record their nodes; a capturing or replaying run records only its
-        ``SequentialExecutor::Execute`` (its work is one graph per segment)."""
+        disabled capture) record their nodes; a capturing or replaying run records none (its
+        work is one graph per segment)."""
         aid = annotation_id(run_options)
         runner = self.runner
         while True:
@@ -326,14 +326,14 @@ class GraphCapture:
                 if ctx.released:
                     continue  # released by another thread meanwhile: make a new one
                 if ctx.state == _Context.CAPTURED:
-                    return self._replay(ctx, feeds, run_options, fetch, profiler)
+                    return self._replay(ctx, feeds, run_options, fetch)
                 if ctx.state == _Context.DISABLED or not ctx.segments:
                     return runner._execute(
                         ctx.frame, feeds, run_options, None, fetch, profiler=profiler
                     )
                 for _ in range(MAX_WARMUP_RUNS):
                     if ctx.runs >= self.min_runs and ctx.frame_runs >= 1:
-                        return self._capture(ctx, feeds, run_options, fetch, profiler)
+                        return self._capture(ctx, feeds, run_options, fetch)
                     outs = runner._execute(
                         ctx.frame, feeds, run_options, None, fetch, profiler=profiler
                     )
@@ -342,12 +342,7 @@ class GraphCapture:
                 return outs
 
     def _capture(
-        self,
-        ctx: _Context,
-        feeds: list[Any],
-        run_options: Any,
-        fetch: Sequence[Any] | None,
-        profiler: Any = None,
+        self, ctx: _Context, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
     ) -> list[Any]:
         def body(frame: Frame, run_options: Any, where: list[Any]) -> None:
             values = frame.values
@@ -362,7 +357,7 @@ class GraphCapture:
                     _run_steps((steps[item],), values, where, run_options)
 
         outs = self.runner._execute(
-            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots, profiler
+            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots
         )
         if ctx.state != _Context.DISABLED:
             ctx.state = _Context.CAPTURED
@@ -433,18 +428,13 @@ class GraphCapture:
         )
 
     def _replay(
-        self,
-        ctx: _Context,
-        feeds: list[Any],
-        run_options: Any,
-        fetch: Sequence[Any] | None,
-        profiler: Any = None,
+        self, ctx: _Context, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
     ) -> list[Any]:
         body = ctx.replay_body
         if body is None:
             body = ctx.replay_body = self._replay_body(ctx)
         return self.runner._execute(
-            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots, profiler
+            ctx.frame, feeds, run_options, None, fetch, body, True, ctx.export_slots
         )
 
     def _replay_body(self, ctx: _Context) -> Any:
