@@ -43,6 +43,7 @@ class CudaEpFactory(EpFactory):
     vendor_id = NVIDIA
     version = "0.1.0"
     device_type = "cuda"
+    min_host_api_version = 2  # its node timer is a DeviceTimer (API version 2)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
