@@ -11,8 +11,8 @@ Columns: onnxplug plain ``run()`` eager (numpy in, numpy out), plain ``run()`` w
 ``enable_cuda_graph=1`` (replayed per shape signature), IOBinding with CUDA graphs (inputs
 updated in place, outputs bound: onnxruntime's recipe); PyTorch eager and PyTorch CUDA-graph
 replay measured in the same run; onnxruntime's figures from ../shared/anchors. Also the host
-cost of one run of a tiny model, and (``--profile``) host µs per op. Needs torch, torchvision
-and transformers (the GPU machine has them); onnxplug itself never imports torch.
+cost of one run of a tiny model, and (``--profile``) host and GPU µs per op. Needs torch,
+torchvision and transformers (the GPU machine has them); onnxplug itself never imports torch.
 """
 
 from __future__ import annotations
@@ -196,21 +196,33 @@ def bench_onnxplug(path: str, feeds: dict[str, np.ndarray], runs: int) -> dict[s
     return res
 
 
-def host_profile(path: str, feeds: dict[str, np.ndarray], runs: int = 20) -> list[tuple]:
-    """Host µs per node by op type (onnxplug's profiler), eager plain run()."""
-    so = ox.SessionOptions()
-    so.enable_profiling = True
-    s = ox.InferenceSession(path, so, providers=[CUDA, "CPUExecutionProvider"])
-    for _ in range(3):
-        s.run(None, feeds)
-    s._runner.profile_events = []
-    for _ in range(runs):
-        s.run(None, feeds)
-    by: dict[str, list[float]] = {}
-    for e in s._runner.profile_events:
-        by.setdefault(e["args"]["op_name"], []).append(e["dur"])
-    rows = [(op, len(d) // runs, sum(d) / len(d), sum(d) / runs) for op, d in by.items()]
-    return sorted(rows, key=lambda r: -r[3])
+def op_profile(path: str, feeds: dict[str, np.ndarray], runs: int = 20) -> list[tuple]:
+    """Per op type (onnxplug's profiler, eager plain run(), after 3 warm-up runs): nodes per
+    run, host µs per node, host µs per run, GPU µs per run (CUDA events around each node)."""
+    import tempfile
+
+    from onnxplug.tools.profile_report import op_table, runs_of
+
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ox.SessionOptions()
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "prof")
+        s = ox.InferenceSession(path, so, providers=[CUDA, "CPUExecutionProvider"])
+        for _ in range(3 + runs):
+            s.run(None, feeds)
+        with open(s.end_profiling()) as fh:
+            events = json.load(fh)
+    rows = op_table(runs_of(events)[-runs:])
+    return [
+        (
+            r.op,
+            round(r.nodes),
+            1000 * r.host_ms / max(r.nodes, 1e-9),
+            1000 * r.host_ms,
+            1000 * r.gpu_ms if r.gpu_ms is not None else float("nan"),
+        )
+        for r in rows
+    ]
 
 
 def tiny_replay_us(runs: int = 2000) -> dict[str, float]:
@@ -318,7 +330,7 @@ def main() -> int:
     ap.add_argument("--fp16", action="store_true", help="also run fp16 versions")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--check", action="store_true", help="compare with the CPU provider too")
-    ap.add_argument("--profile", action="store_true", help="host µs per op (batch 1, fp32)")
+    ap.add_argument("--profile", action="store_true", help="host and GPU µs per op (batch 1, fp32)")
     ap.add_argument("--batches", default=None, help="only these batch sizes (e.g. 1)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -346,7 +358,7 @@ def main() -> int:
                         row.update(check(path, feeds, fp16))
                     row.update(bench_onnxplug(path, feeds, args.runs))
                     if args.profile and b == 1 and not fp16:
-                        profiles[name] = host_profile(path, feeds)
+                        profiles[name] = op_profile(path, feeds)
                     if not args.no_torch:
                         row.update(bench_torch(name, feeds, args.runs, fp16))
                 except Exception as e:  # report and go on with the other models
@@ -380,9 +392,12 @@ def main() -> int:
     print()
     print("tiny model (Relu 1x16), host µs per run:", {k: round(v, 1) for k, v in tiny.items()})
     for name, prof in profiles.items():
-        print(f"\nhost profile, {name} b1 fp32 eager (op, nodes, µs per node, µs per run):")
-        for op, n, per, tot in prof[:15]:
-            print(f"  {op:28s} {n:4d} {per:8.1f} {tot:9.1f}")
+        print(
+            f"\nprofile, {name} b1 fp32 eager (op, nodes, host µs per node, host µs per run, "
+            "GPU µs per run):"
+        )
+        for op, n, per, tot, gpu in prof[:15]:
+            print(f"  {op:28s} {n:4d} {per:8.1f} {tot:9.1f} {gpu:9.1f}")
     from onnxplug_cuda.kernels import _base
 
     if _base.UNPREPARED:

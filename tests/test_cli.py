@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -513,3 +514,110 @@ def test_conformance_shows_progress_on_a_terminal(capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     rc, out, err = run_cli(capsys, "conformance", "--pattern", "^test_relu$")
     assert "cases," not in err  # a log file gets no progress line
+
+
+# profile --------------------------------------------------------------------------------------
+
+
+def _table(out: str) -> dict[str, list[str]]:
+    """The profile table's rows by op type (the columns after the op type)."""
+    lines = out.splitlines()
+    start = next(k for k, x in enumerate(lines) if x.split()[:2] == ["op", "type"])
+    rows = {}
+    for line in lines[start + 1 :]:
+        parts = line.split()
+        rows[parts[0]] = parts[1:]
+        if parts[0] == "total":
+            break
+    return rows
+
+
+def test_profile_needs_every_unfixed_dim(capsys, add_model):
+    rc, out, err = run_cli(capsys, "profile", str(add_model))
+    assert rc == 1
+    line = _one_error_line(err)
+    assert "--dim" in line and "x:0 ('batch'" in line
+
+
+def test_profile_prints_a_table_and_writes_html_and_the_trace(capsys, add_model, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    html_path, trace_path = tmp_path / "p.html", tmp_path / "t.json"
+    rc, out, err = run_cli(
+        capsys,
+        "profile",
+        str(add_model),
+        "--dim",
+        "batch=4",
+        "--runs",
+        "3",
+        "--html",
+        str(html_path),
+        "--trace",
+        str(trace_path),
+    )
+    assert rc == 0, err
+    assert "feed   x: random, shape [4, 3] float32" in out
+    rows = _table(out)
+    # per run: nodes, host ms, host %, GPU ms, GPU % (no device provider: no GPU time)
+    assert rows["Add"][0] == "1" and rows["Add"][3:] == ["-", "-"]
+    assert rows["total"][2] == "100.0%"
+    assert "measured by no provider" in out
+    events = json.loads(trace_path.read_text())
+    assert [e["name"] for e in events].count("model_run") == 5  # 2 warm-up + 3 profiled
+    page = html_path.read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    assert not re.search(r"<script|src=|href=|url\(", page)  # nothing loaded from elsewhere
+    svgs = re.findall(r"<svg.*?</svg>", page, re.S)
+    assert len(svgs) == 2
+    for svg in svgs:
+        ET.fromstring(svg)  # well-formed
+    assert "add_one.onnx" in page and "Add" in svgs[0]
+
+
+def test_profile_on_a_device_plugin_shows_gpu_time(capsys, virt, relu_neg_model, tmp_path):
+    rc, out, err = run_cli(
+        capsys,
+        "profile",
+        str(relu_neg_model),
+        "--provider",
+        virt.name,
+        "--provider",
+        "CPUExecutionProvider",
+        "--runs",
+        "2",
+        "--html",
+        str(tmp_path / "p.html"),
+    )
+    assert rc == 0, err
+    rows = _table(out)
+    assert rows["Relu"][3] != "-" and float(rows["Relu"][3]) >= 0
+    assert rows["Neg"][3] == "-"  # a host node
+    assert f"measured by {virt.name}" in out
+    assert (
+        f"{virt.name.removesuffix('ExecutionProvider')} device" in (tmp_path / "p.html").read_text()
+    )
+
+
+def test_profile_png_needs_matplotlib(capsys, add_model, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    rc, out, err = run_cli(
+        capsys, "profile", str(add_model), "--dim", "batch=2", "--png", str(tmp_path / "p.png")
+    )
+    assert rc == 1 and "needs matplotlib" in _one_error_line(err)
+    assert not (tmp_path / "p.png").exists() and out == ""
+
+
+def test_profile_png(capsys, add_model, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    rc, out, err = run_cli(
+        capsys, "profile", str(add_model), "--dim", "batch=2", "--runs", "2", "--png", str(png)
+    )
+    assert rc == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_runs_must_be_positive(capsys, add_model):
+    rc, _, err = run_cli(capsys, "profile", str(add_model), "--dim", "batch=2", "--runs", "0")
+    assert rc == 1 and "--runs must be at least 1" in _one_error_line(err)

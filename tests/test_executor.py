@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,20 +83,22 @@ SHAPE_NODES = {"Shape_s", "Gather_n", "Unsqueeze_n1", "Concat_shp"}
 
 def ran_nodes(sess: ox.InferenceSession, feeds: dict) -> tuple[set[str], list[np.ndarray]]:
     """The nodes one run executed, from the profiler."""
-    runner = sess._runner
-    runner.profile_events = []
+    profiler = sess._runner.profiler
+    profiler.events = []
     out = sess.run(None, feeds)
-    return {e["name"].removesuffix("_kernel_time") for e in runner.profile_events}, out
+    nodes = {e["name"].removesuffix("_kernel_time") for e in profiler.events if e["cat"] == "Node"}
+    return nodes, out
 
 
-def profiled_session(model: bytes, providers: list) -> ox.InferenceSession:
+def profiled_session(model: bytes, providers: list, folder: Path) -> ox.InferenceSession:
     so = ox.SessionOptions()
     so.enable_profiling = True
+    so.profile_file_prefix = str(folder / "prof")
     return ox.InferenceSession(model, so, providers=providers)
 
 
-def test_shape_computations_are_folded_per_signature():
-    sess = profiled_session(shape_chain(), [CPU])
+def test_shape_computations_are_folded_per_signature(tmp_path):
+    sess = profiled_session(shape_chain(), [CPU], tmp_path)
     a = np.random.default_rng(0).standard_normal((3, 2, 4)).astype(np.float32)
     b = np.random.default_rng(1).standard_normal((5, 2, 2)).astype(np.float32)
     seen = []
@@ -110,8 +113,8 @@ def test_shape_computations_are_folded_per_signature():
     assert seen == [all_, none, none, all_, none, none, none]
 
 
-def test_many_signatures_evict_old_plans_without_breaking_runs():
-    sess = profiled_session(shape_chain(), [CPU])
+def test_many_signatures_evict_old_plans_without_breaking_runs(tmp_path):
+    sess = profiled_session(shape_chain(), [CPU], tmp_path)
     xs = [np.full((n, 2, 1), n - 20, np.float32) for n in range(1, 45)]  # > the plan cache
     for _ in range(2):
         for x in xs:
@@ -207,9 +210,10 @@ def reshape_model() -> bytes:
 
 
 @pytest.mark.parametrize("profiling", [False, True])
-def test_kernel_errors_name_the_node_and_leave_the_session_usable(profiling):
+def test_kernel_errors_name_the_node_and_leave_the_session_usable(profiling, tmp_path):
     so = ox.SessionOptions()
     so.enable_profiling = profiling
+    so.profile_file_prefix = str(tmp_path / "prof")
     sess = ox.InferenceSession(reshape_model(), so, providers=[CPU])
     x = np.arange(6, dtype=np.float32)
     good, bad = np.array([2, 3], np.int64), np.array([4, 4], np.int64)
@@ -270,6 +274,10 @@ def test_profiling_writes_every_run_to_json(tmp_path, virt):
     assert names.count("Softmax_y_kernel_time") == 3
     assert names.count("Shape_sx_kernel_time") == 1
     by_name = {e["name"]: e for e in events}
-    assert by_name["Softmax_y_kernel_time"]["args"] == {"op_name": "Softmax", "provider": vd.NAME}
+    softmax = by_name["Softmax_y_kernel_time"]["args"]
+    assert softmax["op_name"] == "Softmax" and softmax["provider"] == vd.NAME
+    assert softmax["input_type_shape"] == softmax["output_type_shape"] == [{"float": [2, 3]}]
+    assert softmax["activation_size"] == softmax["output_size"] == str(2 * 3 * 4)
     assert by_name["Tanh_h4_kernel_time"]["args"]["provider"] == CPU
-    assert all(e["ph"] == "X" and e["dur"] >= 1 for e in events)
+    nodes = [e for e in events if e["cat"] == "Node"]
+    assert all(e["ph"] == "X" and e["dur"] >= 1 for e in nodes)

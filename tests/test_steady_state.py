@@ -6,6 +6,7 @@ the frame scratch or a kernel's use of them fails here, without a GPU.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -184,3 +185,25 @@ def test_prepared_attention_runs_match_the_cpu_as_inputs_change(sim, path):
         if spec is not None and spec.info.op_type == "Attention"
     }
     assert calls and "compute" not in calls  # every Attention node runs its prepared call
+
+
+@pytest.mark.parametrize("build", [transformer_block, conv_block])
+def test_profiling_adds_no_synchronisation_allocation_or_view(sim, build, tmp_path):
+    """With profiling on, a steady run still makes one host synchronisation: the device marks
+    around each node are read after it (the simulated provider's timer is the host clock)."""
+    model = build()
+    so = ox.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "prof")
+    sess = ox.InferenceSession(model, so, providers=[sim, CPU])
+    shape = [d.dim_value for d in _input_dims(model)]
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    sess.run(None, {"x": x})
+    sess.run(None, {"x": x})
+    for counts in steady_counts(sess, {"x": x}):
+        assert counts == {"syncs": 1, "views": 0, "allocs": 0}
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    on_sim = [e for e in events if e["cat"] == "Node" and e["args"]["provider"] == sim]
+    kernels = [e for e in events if e["cat"] == "Kernel"]
+    assert len(on_sim) == len(kernels) > 0
+    assert {e["args"]["op_name"] for e in kernels} == {e["args"]["op_name"] for e in on_sim}

@@ -1,5 +1,5 @@
-"""The ``onnxplug`` command: run the bundled demo or any model, list providers, check operator
-parity and run the ONNX conformance suite.
+"""The ``onnxplug`` command: run the bundled demo or any model, profile a model, list providers,
+check operator parity and run the ONNX conformance suite.
 
 Every subcommand goes through the public Python API (``onnxplug.InferenceSession`` and the
 module-level provider functions), so what the CLI shows is what a user's program gets.
@@ -23,6 +23,7 @@ import numpy as np
 
 COPY_OPS = ("MemcpyFromHost", "MemcpyToHost")
 DEFAULT_RUNS = 10
+PROFILE_WARMUP = 2  # the first run records the shape's plan, the second binds the frame
 DEMO_RUNS = 100
 _MAX_VALUES = 6  # values printed per output
 _MAX_OPS_LISTED = 8  # op types listed per provider in the assignment summary
@@ -266,12 +267,17 @@ def time_runs(sess: Any, feeds: dict[str, Any], runs: int) -> tuple[list[Any], f
     t0 = time.perf_counter()
     outs = sess.run(None, feeds)
     first = (time.perf_counter() - t0) * 1e3
+    return outs, first, wall_times(sess, feeds, runs)
+
+
+def wall_times(sess: Any, feeds: dict[str, Any], runs: int) -> list[float]:
+    """Wall ms of each of ``runs`` runs."""
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
         sess.run(None, feeds)
         times.append((time.perf_counter() - t0) * 1e3)
-    return outs, first, times
+    return times
 
 
 def latency_line(first: float, times: list[float]) -> str:
@@ -475,6 +481,91 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Run a model with random inputs under the profiler; the table by op type, and charts."""
+    import json
+    import shutil
+    import tempfile
+
+    import onnxplug as ox
+    from onnxplug.tools.profile_report import (
+        format_table,
+        html_report,
+        op_table,
+        png_report,
+        runs_of,
+    )
+
+    model = Path(args.model)
+    if not model.exists():
+        raise CliError(f"no such model file: {model}")
+    if args.runs < 1:
+        raise CliError(f"--runs must be at least 1 for a profile, got {args.runs}")
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError(
+                f"--png {args.png} needs matplotlib (pip install matplotlib); --html writes "
+                "the same charts without it"
+            ) from None
+    providers = provider_entries(args.provider, args.provider_option)
+    with tempfile.TemporaryDirectory(prefix="onnxplug-profile-") as tmp:
+        so = ox.SessionOptions()
+        so.add_session_config_entry("session.strict_providers", "1")
+        so.enable_profiling = True
+        so.profile_file_prefix = str(Path(tmp) / "onnxplug_profile")
+        sess = ox.InferenceSession(model, so, providers=providers)
+        try:
+            defaulted: list[str] = []
+            feeds, generated = make_feeds(sess, args.input, args.dim, args.seed, defaulted)
+            if defaulted:
+                raise CliError(
+                    "a profile runs the model at the sizes you choose: give the unfixed input "
+                    f"dimensions a size with --dim: {'; '.join(defaulted)}"
+                )
+            print(f"model: {model}")
+            print(f"providers: {sess.get_providers()}")
+            for name, value in feeds.items():
+                how = "random" if name in generated else "from file"
+                shape = list(getattr(value, "shape", ()))
+                print(f"  feed   {name}: {how}, shape {shape} {getattr(value, 'dtype', '')}")
+            for _ in range(PROFILE_WARMUP):
+                sess.run(None, feeds)
+            times = wall_times(sess, feeds, args.runs)
+        finally:
+            trace = sess.end_profiling()  # written into the folder before it goes
+        events = json.loads(Path(trace).read_text())
+        if args.trace:
+            shutil.copyfile(trace, args.trace)
+    runs = runs_of(events)[-args.runs :]
+    rows = op_table(runs)
+    timed = sorted({e["args"].get("provider", "") for r in runs for e in r.kernels})
+    a = np.asarray(times)
+    facts = [
+        f"model {model.name}, providers {sess.get_providers()}",
+        f"{args.runs} profiled runs after {PROFILE_WARMUP} warm-up runs: median "
+        f"{np.median(a):.3f} ms, min {a.min():.3f} ms per run (wall time, profiling on)",
+        "GPU ms: device time of each node on its stream, measured by "
+        + (", ".join(timed) if timed else "no provider (host providers only)"),
+    ]
+    print(f"profiled {args.runs} runs after {PROFILE_WARMUP} warm-up runs (per run):")
+    for line in format_table(rows):
+        print(line)
+    for f in facts[1:]:
+        print(f)
+    if args.trace:
+        print(f"trace (onnxruntime's format, chrome://tracing or ui.perfetto.dev): {args.trace}")
+    title = f"onnxplug profile: {model.name}"
+    if args.html:
+        Path(args.html).write_text(html_report(title, facts, rows, runs[-1]), encoding="utf-8")
+        print(f"html report: {args.html}")
+    if args.png:
+        png_report(args.png, title, rows, runs[-1])
+        print(f"png chart: {args.png}")
+    return 0
+
+
 def cmd_conformance(args: argparse.Namespace) -> int:
     from onnxplug.tools.conformance import main_run
 
@@ -586,6 +677,28 @@ def _add_provider_args(p: argparse.ArgumentParser, help_default: str) -> None:
     )
 
 
+def _add_model_args(p: argparse.ArgumentParser, dims: str, runs: str) -> None:
+    """The model, its providers and feeds (``--input``, ``--dim``: ``dims`` says what an
+    unfixed dim without one gets), ``--runs`` (``runs``: what they are) and ``--seed``."""
+    p.add_argument("model", help="path of an .onnx model")
+    _add_provider_args(p, "all available")
+    p.add_argument(
+        "--input",
+        action="append",
+        metavar="name=file.npy",
+        help="feed input 'name' from a .npy file (repeatable); others get random data",
+    )
+    p.add_argument(
+        "--dim",
+        action="append",
+        metavar="name=value|input:axis=value",
+        help="size of an unfixed dimension of random inputs, by its name (batch=4) or by input "
+        f"and axis (x:0=4, also for unnamed and -1 dims); {dims} (repeatable)",
+    )
+    p.add_argument("--runs", type=int, default=DEFAULT_RUNS, help=runs)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import onnxplug as ox
 
@@ -607,28 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="run a model on given or random inputs and time it")
-    p.add_argument("model", help="path of an .onnx model")
-    _add_provider_args(p, "all available")
-    p.add_argument(
-        "--input",
-        action="append",
-        metavar="name=file.npy",
-        help="feed input 'name' from a .npy file (repeatable); others get random data",
-    )
-    p.add_argument(
-        "--dim",
-        action="append",
-        metavar="name=value|input:axis=value",
-        help="size of an unfixed dimension of random inputs, by its name (batch=4) or by input "
-        "and axis (x:0=4, also for unnamed and -1 dims); default 1 (repeatable)",
-    )
-    p.add_argument(
-        "--runs",
-        type=int,
-        default=DEFAULT_RUNS,
-        help=f"timed runs after the first (default {DEFAULT_RUNS})",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    _add_model_args(p, "default 1", f"timed runs after the first (default {DEFAULT_RUNS})")
     p.add_argument("--output-dir", metavar="DIR", help="save each output as DIR/<name>.npy")
     p.add_argument(
         "--memory",
@@ -641,6 +733,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw the device memory in use over one more run to a PNG file",
     )
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "profile", help="profile a model: host and GPU time by op type, timeline charts"
+    )
+    _add_model_args(
+        p,
+        "required for each",
+        f"profiled runs after {PROFILE_WARMUP} warm-up runs (default {DEFAULT_RUNS})",
+    )
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    p.add_argument("--png", metavar="FILE", help="draw the charts to a PNG (needs matplotlib)")
+    p.add_argument("--trace", metavar="FILE", help="keep the trace (onnxruntime's JSON format)")
+    p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("conformance", help="run the ONNX backend node test suite")
     _add_provider_args(p, "CPUExecutionProvider")

@@ -56,6 +56,8 @@ from ..framework.scratch import FrameScratch, current_scratch
 from ..framework.seed import node_seed
 from ..framework.stream import (
     DataTransfer,
+    DeviceTimer,
+    HostTimer,
     ImmediateNotification,
     ImmediateStream,
     SyncNotification,
@@ -92,6 +94,7 @@ __all__ = [
     "DataTransfer",
     "Device",
     "DeviceTensor",
+    "DeviceTimer",
     "EPFail",
     "Ep",
     "EpDevice",
@@ -102,6 +105,7 @@ __all__ = [
     "GraphView",
     "HardwareDevice",
     "HostAllocator",
+    "HostTimer",
     "IfKernel",
     "ImmediateNotification",
     "ImmediateStream",

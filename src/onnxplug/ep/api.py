@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..framework.kernel import KernelDef, KernelRegistry, types_match
 from ..framework.memory import CPU_MEMORY, Allocator, Device, MemoryInfo
-from ..framework.stream import DataTransfer, SyncStream
+from ..framework.stream import DataTransfer, DeviceTimer, SyncStream
 
 if TYPE_CHECKING:
     from ..ir.graph import Node
 
-API_VERSION = 1
+API_VERSION = 2
 
 # Optional capabilities and the API version that introduced each. The host calls a capability
 # of a plugin only when both API versions are at least this.
@@ -36,6 +36,7 @@ CAPABILITIES: dict[str, int] = {
     "ep_sync": 1,
     "kernel_context_sync_stream": 1,
     "allocator_shrink": 1,
+    "device_timing": 2,  # Ep.create_device_timer: device time per node while profiling
 }
 
 
@@ -192,6 +193,12 @@ class Ep(ABC):
 
     def sync(self) -> None:
         """Wait for all device work of this provider (IOBinding input synchronisation)."""
+
+    def create_device_timer(self) -> DeviceTimer | None:
+        """A timer of the device work queued on this provider's streams, asked for only while
+        a session or run is profiled (one per execution frame, closed with it): the
+        ``Kernel`` events of the trace. None: this provider's nodes get host times only."""
+        return None
 
     # runs ----------------------------------------------------------------------------------
     def on_run_start(self, run_options: Any) -> None:

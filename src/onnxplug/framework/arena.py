@@ -242,6 +242,7 @@ class BFCArena(Allocator):
             min(config.max_mem, config.initial_chunk_size_bytes)
         )
         self._in_use = 0
+        self._requested = 0  # bytes asked for by the blocks in use (before rounding)
         self._total = 0
         self._max_in_use = 0
         self._num_allocs = 0
@@ -278,6 +279,7 @@ class BFCArena(Allocator):
             self._reserved[ptr] = size
             self._total += size
             self._in_use += size
+            self._requested += size
             self._num_reserves += 1
             self._num_allocs += 1
             self._max_in_use = max(self._max_in_use, self._in_use)
@@ -318,6 +320,12 @@ class BFCArena(Allocator):
                 "NumArenaShrinkages": self._num_shrinkages,
                 "MaxAllocSize": self._max_alloc,
             }
+
+    def usage(self) -> tuple[int, int, int, int]:
+        """(bytes in use, bytes requested by the blocks in use, bytes held from the raw
+        allocator, peak bytes in use): what the profiler reports per node (``mem_*``)."""
+        with self._lock:
+            return self._in_use, self._requested, self._total, self._max_in_use
 
     def shrink(self) -> None:
         """Give every region whose chunks are all free back to the raw allocator; the next
@@ -441,6 +449,7 @@ class BFCArena(Allocator):
         c.requested = size
         self._num_allocs += 1
         self._in_use += c.size
+        self._requested += size
         if self._in_use > self._max_in_use:
             self._max_in_use = self._in_use
         if c.size > self._max_alloc:
@@ -521,6 +530,7 @@ class BFCArena(Allocator):
         if size is not None:
             self.raw.free(ptr)
             self._in_use -= size
+            self._requested -= size
             self._total -= size
             if self.trace is not None:
                 self.trace.append((time.perf_counter_ns(), self._in_use))
@@ -529,6 +539,7 @@ class BFCArena(Allocator):
         if c is None or not c.in_use:
             raise ValueError(f"arena '{self.memory_info.name}': free of unknown pointer 0x{ptr:x}")
         c.in_use = False
+        self._requested -= c.requested
         c.requested = 0
         self._in_use -= c.size
         if c.stream is not None:

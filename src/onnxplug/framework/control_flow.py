@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import Fail, InvalidArgument
 from .kernel import Kernel, KernelContext, KernelInfo
 from .memory import CPU, Device, DeviceTensor, allocate_tensor
+from .profiler import active_profiler
 from .stream import DataTransferManager, device_of
 
 
@@ -91,7 +92,8 @@ class SubgraphRunner:
             place(v, devs[i] if i < len(devs) else None, self.transfer, self.allocators)
             for i, v in enumerate(feeds)
         ]
-        outs = self.runner.run(feeds, run_options)
+        # a profiled run records its subgraphs' nodes too
+        outs = self.runner.run(feeds, run_options, None, active_profiler())
         odevs = self.output_devices
         return [
             place(o, odevs[i] if odevs else self.output_device, self.transfer, self.allocators)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Fail, InvalidArgument, OnnxPlugError
+from .arena import BFCArena
 from .control_flow import place
 from .kernel import Kernel, KernelContext, KernelInfo
 from .memory import (
@@ -48,6 +49,16 @@ from .memory import (
     allocate,
     allocate_tensor,
     host_view,
+)
+from .profiler import (
+    NODE,
+    SESSION,
+    ArenaUsage,
+    Profiler,
+    RunTiming,
+    input_facts,
+    set_active_profiler,
+    type_shapes,
 )
 from .scratch import FrameScratch, enter_scratch, exit_scratch
 
@@ -141,7 +152,9 @@ class ExecutionPlan:
         default_factory=dict
     )  # step -> [(producer step, ep)]
     transfer: Any = None  # DataTransferManager
-    profiler: Any = None
+    # provider key -> its device-timer factory (providers that time their nodes on their
+    # streams while profiling; see profiler.py)
+    timer_factories: dict[str, Callable[[], Any]] = field(default_factory=dict)
     # device -> allocator of host memory the device copies to and from asynchronously
     # (pinned memory): the frames' staging buffers for feeds and outputs
     staging: dict[Device, Allocator] = field(default_factory=dict)
@@ -200,6 +213,7 @@ class Frame:
         "staging",
         "steps",
         "streams",
+        "timers",
         "values",
     )
 
@@ -219,6 +233,7 @@ class Frame:
         self.out_calls: list[Any] = []
         self.staging: list[Allocation] = []
         self.run_options: Any = _UNSET  # what the contexts hold (set once per change)
+        self.timers: dict[str, Any] = {}  # provider key -> its device timer (while profiling)
 
 
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
@@ -249,6 +264,27 @@ def _tags(v: Any, rec: _Recorder) -> list[int]:
     ]
 
 
+class _NodeProfile:
+    """A node as its profiler events name it: onnxruntime's event name (the node's name, or
+    ``<op>_<index>`` when it has none), its index, op type, provider and the arena its outputs
+    live in (for the ``mem_*`` args; None on the host, whose tensors are numpy arrays)."""
+
+    __slots__ = ("arena", "event", "index", "op_type", "provider", "timed")
+
+    def __init__(self, spec: StepSpec, index: int, plan: ExecutionPlan):
+        info = spec.info
+        name = info.name or f"{info.op_type}_{index}"
+        self.event = f"{name}_kernel_time"
+        self.index = str(index)
+        self.op_type = info.op_type
+        self.provider = getattr(info.ep, "name", "")
+        dev = spec.out_devices[0] if spec.out_devices else None
+        alloc = plan.allocators.get(dev) if dev is not None and not dev.is_cpu else None
+        self.arena = alloc if isinstance(alloc, BFCArena) else None
+        # what the node's Kernel event says: name, index, op type, provider
+        self.timed = (name, index, self.op_type, self.provider)
+
+
 class GraphRunner:
     """Runs an ``ExecutionPlan``; thread-safe (one frame per concurrent run)."""
 
@@ -256,8 +292,9 @@ class GraphRunner:
         self.plan = plan
         self._signatures: dict[tuple, SignaturePlan] = {}
         self._lock = threading.Lock()
-        self.profiling = False
-        self.profile_events: list[dict[str, Any]] = []
+        # the session's profiler while it profiles (a run may bring its own: ``run``)
+        self.profiler: Profiler | None = None
+        self._node_profiles: dict[int, _NodeProfile] = {}  # id(step spec) -> what it reports
         self.capture: Any = None  # graph_capture.GraphCapture, when a provider captures
         self._feed_streams = self._streams_of_feeds()
         self._output_streams = self._streams_of_outputs()
@@ -470,7 +507,12 @@ class GraphRunner:
         return dynamic
 
     def _close_frame(self, f: Frame) -> None:
-        """Release what a frame no run will use again: streams it owns, scratch, staging."""
+        """Release what a frame no run will use again: streams it owns, scratch, staging,
+        device timers."""
+        for timer in f.timers.values():
+            if timer is not None:
+                timer.close()
+        f.timers = {}
         _close_streams(f)
         for cache in f.scratch.values():
             cache.close()
@@ -584,16 +626,23 @@ class GraphRunner:
 
     # running --------------------------------------------------------------------------------
     def run(
-        self, feeds: list[Any], run_options: Any = None, fetch: Sequence[Any] | None = None
+        self,
+        feeds: list[Any],
+        run_options: Any = None,
+        fetch: Sequence[Any] | None = None,
+        profiler: Profiler | None = None,
     ) -> list[Any]:
         """Run with ``feeds`` (in feed order). ``fetch`` says, per graph output, what to
         deliver (``FETCH_HOST``, ``FETCH_DEVICE``, an array to copy into, or None for an
-        output not wanted); without it the outputs come back as the run left them."""
+        output not wanted); without it the outputs come back as the run left them. The run
+        records into ``profiler``, or the runner's own while it profiles."""
+        if profiler is None:
+            profiler = self.profiler
         key = self._signature(feeds)
         sig = self._signatures.get(key)
         capture = self.capture
         if sig is None:
-            outs = self._first_run(key, feeds, run_options, fetch)
+            outs = self._first_run(key, feeds, run_options, fetch, profiler)
             if capture is None or not capture.wants(run_options):
                 return outs
             # as in onnxruntime, one run() goes on through the warm-up to the capture
@@ -601,13 +650,13 @@ class GraphRunner:
             if sig is None:
                 return outs
         if capture is not None and capture.wants(run_options):
-            return capture.run(sig, feeds, run_options, fetch)
+            return capture.run(sig, feeds, run_options, fetch, profiler)
         with sig.lock:
             frame = sig.frames.pop() if sig.frames else None
         if frame is None:
             frame = self._make_frame(sig, None)
         try:
-            return self._execute(frame, feeds, run_options, None, fetch)
+            return self._execute(frame, feeds, run_options, None, fetch, profiler=profiler)
         finally:
             with sig.lock:
                 pooled = len(sig.frames) < _MAX_POOLED_FRAMES
@@ -617,12 +666,17 @@ class GraphRunner:
                 self._close_frame(frame)
 
     def _first_run(
-        self, key: tuple, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
+        self,
+        key: tuple,
+        feeds: list[Any],
+        run_options: Any,
+        fetch: Sequence[Any] | None,
+        profiler: Profiler | None,
     ) -> list[Any]:
         recorder = _Recorder()
         frame = self._make_frame(None, recorder)
         try:
-            outs = self._execute(frame, feeds, run_options, recorder, fetch)
+            outs = self._execute(frame, feeds, run_options, recorder, fetch, profiler=profiler)
         finally:
             self._close_frame(frame)  # a recording frame is never reused
         sig = self._build_signature_plan(recorder, feeds)
@@ -653,11 +707,14 @@ class GraphRunner:
         body: Callable[[Frame, Any, list[Any]], None] | None = None,
         graph_mode: bool = False,
         extra_clear: Sequence[int] = (),
+        profiler: Profiler | None = None,
     ) -> list[Any]:
         """One run on ``frame``: stage the feeds, run ``body`` (every step, by default),
         queue the outputs' copies, end the run on every stream (one synchronisation each),
         deliver the outputs. ``extra_clear``: slots besides feeds and outputs that may still
-        hold a value when the body ends (a replayed graph's exports)."""
+        hold a value when the body ends (a replayed graph's exports). With ``profiler`` the
+        steps (not a ``body``'s) are timed into it, on the host and, where the provider
+        times its streams, on the device: read after the synchronisation that ends the run."""
         plan = self.plan
         values = frame.values
         if frame.run_options is not run_options:
@@ -669,14 +726,23 @@ class GraphRunner:
         failed = True
         prev = enter_scratch(frame.scratch)
         pending: list[tuple[int, Any]] = []
+        timing: RunTiming | None = None
+        prev_profiler: Profiler | None = None
+        if profiler is not None:
+            t_start = time.perf_counter_ns()
+            prev_profiler = set_active_profiler(profiler)  # subgraph runs record into it
+            if body is None:
+                # before the feeds' copies: the anchors mark when the run's streams start
+                timing = self._start_timing(frame)
+        ended = False
         try:
             self._stage_feeds(frame, feeds, graph_mode)
             if body is not None:
                 body(frame, run_options, where)
             elif recorder is not None:
-                self._execute_recording(frame, recorder, where)
-            elif self.profiling:
-                self._execute_profiled(frame, where, run_options)
+                self._execute_recording(frame, recorder, where, profiler, timing)
+            elif profiler is not None and timing is not None:
+                self._execute_profiled(frame, where, run_options, profiler, timing)
             else:
                 _run_steps(frame.steps, values, where, run_options)
             where[0] = None
@@ -703,10 +769,33 @@ class GraphRunner:
                 # the feeds, the outputs, and what the body names
                 for s in itertools.chain(self._end_slots, extra_clear):
                     values[s] = None
-            _end_run(frame, failed)
+            try:
+                _end_run(frame, failed)
+                ended = True
+            finally:
+                if profiler is not None:
+                    set_active_profiler(prev_profiler)
+                    if timing is not None:
+                        timing.finish(profiler, ended and not failed)
         for i, done in pending:
             outs[i] = done()
+        if profiler is not None:
+            profiler.add(SESSION, "SequentialExecutor::Execute", t_start, time.perf_counter_ns())
         return outs
+
+    def _start_timing(self, frame: Frame) -> RunTiming:
+        """A run's device timing: each provider stream that has a timer gets its anchor."""
+        timing = RunTiming()
+        for key, make in self.plan.timer_factories.items():
+            stream = frame.streams.get(key)
+            if stream is None or stream.capturing:
+                continue
+            if key not in frame.timers:
+                frame.timers[key] = make()
+            timer = frame.timers[key]
+            if timer is not None:
+                timing.anchor(timer, stream)
+        return timing
 
     def _stage_feeds(self, frame: Frame, feeds: list[Any], graph_mode: bool) -> None:
         """Put each feed where its readers want it: device feeds are copied into the frame's
@@ -824,7 +913,14 @@ class GraphRunner:
             if values[i] is not None and i not in keep and i not in folded:
                 values[i] = None
 
-    def _execute_recording(self, frame: Frame, rec: _Recorder, where: list[Any]) -> None:
+    def _execute_recording(
+        self,
+        frame: Frame,
+        rec: _Recorder,
+        where: list[Any],
+        profiler: Profiler | None,
+        timing: RunTiming | None,
+    ) -> None:
         plan = self.plan
         values = frame.values
         released_at: dict[int, int] = {}
@@ -832,16 +928,15 @@ class GraphRunner:
             for r in spec.release:
                 released_at[r] = i
         step_of = {id(c): i for i, c in enumerate(frame.ctxs) if c is not None}
-        profiling = self.profiling
-        for step in frame.steps:
+        for k, step in enumerate(frame.steps):
             where[0] = step
-            t0 = time.perf_counter_ns() if profiling else 0
-            step[0](step[1])
+            if profiler is not None and timing is not None:
+                self._call_profiled(frame, k, profiler, timing)
+            else:
+                step[0](step[1])
             ctx = step[1]
             if not isinstance(ctx, KernelContext):
                 continue
-            if profiling:
-                self._profile(ctx.info, t0, time.perf_counter_ns())
             i = step_of[id(ctx)]
             spec = plan.steps[i]
             runs_subgraphs = bool(spec.info.node.subgraphs)
@@ -887,37 +982,74 @@ class GraphRunner:
                 else:
                     rec.escaped.add(k)  # a subgraph's outputs outlive its run
 
-    def _execute_profiled(self, frame: Frame, where: list[Any], run_options: Any) -> None:
+    def _execute_profiled(
+        self,
+        frame: Frame,
+        where: list[Any],
+        run_options: Any,
+        profiler: Profiler,
+        timing: RunTiming,
+    ) -> None:
         values = frame.values
-        for step in frame.steps:
+        for k, step in enumerate(frame.steps):
             where[0] = step
             if run_options is not None and run_options.terminate:
                 raise Fail("Exiting due to terminate flag being set to true.")
-            t0 = time.perf_counter_ns()
-            step[0](step[1])
-            t1 = time.perf_counter_ns()
+            self._call_profiled(frame, k, profiler, timing)
             for r in step[2]:
                 values[r] = None
-            ctx = step[1]
-            if isinstance(ctx, KernelContext):
-                self._profile(ctx.info, t0, t1)
 
-    def _profile(self, info: KernelInfo, t0: int, t1: int) -> None:
-        self.profile_events.append(
-            {
-                "cat": "Node",
-                "name": f"{info.name}_kernel_time",
-                "ph": "X",
-                "ts": t0 // 1000,
-                "dur": max(1, (t1 - t0) // 1000),
-                "pid": 0,
-                "tid": threading.get_ident() % 100000,
-                "args": {
-                    "op_name": info.op_type,
-                    "provider": getattr(info.ep, "name", ""),
-                },
-            }
-        )
+    def _call_profiled(self, frame: Frame, k: int, profiler: Profiler, timing: RunTiming) -> None:
+        """Run step ``k`` of ``frame`` and record its ``Node`` event (host time and
+        onnxruntime's args); a node on a timed stream gets marks around its work for its
+        ``Kernel`` event."""
+        step = frame.steps[k]
+        ctx = step[1]
+        spec = frame.specs[k]
+        if spec is None or not isinstance(ctx, KernelContext):
+            step[0](ctx)  # a wait, a drain, a notification
+            return
+        node = self._node_profile(spec)
+        values = ctx.values
+        in_shapes, activations, parameters = input_facts(ctx.in_slots, values, self.plan.constants)
+        stream = ctx.stream
+        anchored = stream is not None and id(stream) in timing.anchors
+        timer = frame.timers.get(spec.ep_key) if anchored and spec.ep_key is not None else None
+        start = timer.mark(stream) if timer is not None else None
+        usage = ArenaUsage(node.arena) if node.arena is not None else None
+        t0 = time.perf_counter_ns()
+        try:
+            step[0](ctx)
+        except BaseException:
+            if timer is not None:
+                timer.release([start])
+            raise
+        t1 = time.perf_counter_ns()
+        if timer is not None:
+            timing.pending.append((timer, stream, start, timer.mark(stream), *node.timed))
+        out_shapes, out_bytes = type_shapes([values[s] for s in ctx.out_slots if s >= 0])
+        args: dict[str, Any] = {
+            "op_name": node.op_type,
+            "provider": node.provider,
+            "node_index": node.index,
+            "activation_size": str(activations),
+            "parameter_size": str(parameters),
+            "output_size": str(out_bytes),
+            "input_type_shape": in_shapes,
+            "output_type_shape": out_shapes,
+            "thread_scheduling_stats": "",  # no intra-op thread pool (onnxruntime's "")
+        }
+        if usage is not None:
+            args.update(usage.args())
+        profiler.add(NODE, node.event, t0, t1, args)
+
+    def _node_profile(self, spec: StepSpec) -> _NodeProfile:
+        """What a node's events say about it (made once per node)."""
+        got = self._node_profiles.get(id(spec))
+        if got is None:
+            index = next(i for i, s in enumerate(self.plan.steps) if s is spec)
+            got = self._node_profiles[id(spec)] = _NodeProfile(spec, index, self.plan)
+        return got
 
     def close(self) -> None:
         """Release every pooled frame (the session is closing or its providers change)."""

@@ -308,8 +308,16 @@ class GraphCapture:
 
     # running ------------------------------------------------------------------------------------
     def run(
-        self, sig: SignaturePlan, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
+        self,
+        sig: SignaturePlan,
+        feeds: list[Any],
+        run_options: Any,
+        fetch: Sequence[Any] | None,
+        profiler: Any = None,
     ) -> list[Any]:
+        """A run of a capturing session. With ``profiler``, the eager runs (warm-up, a
+        disabled capture) record their nodes; a capturing or replaying run records none (its
+        work is one graph per segment)."""
         aid = annotation_id(run_options)
         runner = self.runner
         while True:
@@ -320,11 +328,15 @@ class GraphCapture:
                 if ctx.state == _Context.CAPTURED:
                     return self._replay(ctx, feeds, run_options, fetch)
                 if ctx.state == _Context.DISABLED or not ctx.segments:
-                    return runner._execute(ctx.frame, feeds, run_options, None, fetch)
+                    return runner._execute(
+                        ctx.frame, feeds, run_options, None, fetch, profiler=profiler
+                    )
                 for _ in range(MAX_WARMUP_RUNS):
                     if ctx.runs >= self.min_runs and ctx.frame_runs >= 1:
                         return self._capture(ctx, feeds, run_options, fetch)
-                    outs = runner._execute(ctx.frame, feeds, run_options, None, fetch)
+                    outs = runner._execute(
+                        ctx.frame, feeds, run_options, None, fetch, profiler=profiler
+                    )
                     ctx.runs += 1
                     ctx.frame_runs += 1
                 return outs

@@ -11,6 +11,7 @@ to make the blocks it tagged with the stream free for every stream again.
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -141,6 +142,42 @@ class ImmediateStream(SyncStream):
     def close(self) -> None:
         self.closed = True
         super().close()
+
+
+class DeviceTimer(ABC):
+    """Times work on a provider's streams without synchronising the host (CUDA events, say),
+    while a session or run is profiled (``Ep.create_device_timer``).
+
+    The executor queues a mark on a node's stream before and after the node's work and one
+    when the run starts; it reads elapsed times only after the run's own final
+    synchronisation, then gives the marks back (``release``) for later runs to reuse.
+    """
+
+    @abstractmethod
+    def mark(self, stream: SyncStream) -> Any:
+        """Queue a timestamp on ``stream`` (no host synchronisation); returns the mark."""
+
+    @abstractmethod
+    def elapsed_us(self, start: Any, end: Any) -> float:
+        """Device microseconds from mark ``start`` to mark ``end``. Called only once both
+        were reached (after the run's synchronisation); raises if one was not."""
+
+    def release(self, marks: list[Any]) -> None:
+        """Marks no longer needed: they may be reused by later ``mark`` calls."""
+
+    def close(self) -> None:
+        """No more marks will be made (the execution frame that used the timer is closing)."""
+
+
+class HostTimer(DeviceTimer):
+    """A timer for streams whose work runs when it is queued (``ImmediateStream``): a mark is
+    the host clock when it is made."""
+
+    def mark(self, stream: SyncStream) -> int:
+        return time.perf_counter_ns()
+
+    def elapsed_us(self, start: int, end: int) -> float:
+        return (end - start) / 1000.0
 
 
 class DataTransfer(ABC):

@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ep.api import Ep, GraphView
+from ..ep.api import Ep, GraphView, supports
 from ..errors import Fail, InvalidGraph, NotImplemented, OnnxPlugError
 from ..framework.control_flow import SubgraphRunner, place
 from ..framework.copy_kernels import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, CopyKernel
@@ -340,6 +340,7 @@ def build_runner(
     shaped: set[int] = set(constants) | {slot_of[f] for f in feed_names}
     allocators: dict[Device, Any] = {}
     stream_factories: dict[str, Any] = {}
+    timer_factories: dict[str, Any] = {}
     for n, step_a, actual in steps_nodes:
         out_devs: tuple[Device, ...]
         if step_a is None:  # a copy node
@@ -368,6 +369,8 @@ def build_runner(
         ep_key = None if ep.device.is_cpu else ep.name
         if ep_key is not None and ep_key not in stream_factories:
             stream_factories[ep_key] = ep.create_sync_stream
+            if supports(getattr(ep.factory, "api_version", 1), "device_timing"):
+                timer_factories[ep_key] = ep.create_device_timer
             if ep.device not in allocators:
                 allocators[ep.device] = ctx.allocator_for(ep, ep.device)
         in_slots = tuple(slot(x) if x else -1 for x in actual)
@@ -470,6 +473,7 @@ def build_runner(
         steps=specs,
         allocators=allocators,
         stream_factories=stream_factories,
+        timer_factories=timer_factories,
         waits=waits,
         transfer=ctx.transfer,
         staging=staging,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import threading
@@ -34,6 +33,7 @@ from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
 from ..framework.memory import CPU, CPU_MEMORY, Device, DeviceTensor
+from ..framework.profiler import SESSION, Profiler, reserve_trace_file, write_trace
 from ..ir.export import model_to_proto
 from ..ir.graph import Graph, graph_from_model, read_only
 from ..ir.model import load_model_proto
@@ -110,12 +110,17 @@ class InferenceSession:
             str(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
         )
         self._env = get_environment()
-        self._profiling_start_ns = time.time_ns()
+        self._start_profiling()
+        t_begin = time.perf_counter_ns()
         with unexpected_errors_typed("loading the model"):
             proto, _ = load_model_proto(path_or_bytes)
             self._proto_meta = _metadata(proto)
             graph: Graph = graph_from_model(proto)
         self._graph = graph
+        t_loaded = time.perf_counter_ns()
+        if self._profiler is not None:
+            how = "uri" if self._model_path is not None else "array"
+            self._profiler.add(SESSION, f"model_loading_{how}", t_begin, t_loaded)
         self._apply_free_dimension_overrides(proto)
         self._apply_session_initializers()
         self._user_inputs = [vi for vi in graph.inputs if vi.name not in graph.initializers]
@@ -169,6 +174,27 @@ class InferenceSession:
         )
         for g, node, op, ep in self._assignment:
             self._log(logging.DEBUG, f"graph '{g}': {op} node '{node}' runs on {ep}")
+        if self._profiler is not None:
+            self._profiler.add(SESSION, "session_initialization", t_loaded, time.perf_counter_ns())
+
+    def _start_profiling(self) -> None:
+        """With ``enable_profiling``, the session's profiler and its trace file, named and
+        created now (as onnxruntime does) and written by ``end_profiling()`` or, failing
+        that, when the session is collected."""
+        self._profiler: Profiler | None = None
+        self._profile_end: weakref.finalize | None = None
+        opts = self._sess_options
+        if not opts.enable_profiling:
+            return
+        self._profiler = Profiler()
+        try:
+            path = reserve_trace_file(str(opts.profile_file_prefix))
+        except OSError as e:
+            raise InvalidArgument(
+                f"profile_file_prefix '{opts.profile_file_prefix}': the profile file cannot "
+                f"be created: {e}"
+            ) from e
+        self._profile_end = weakref.finalize(self, _write_profile_at_exit, self._profiler, path)
 
     def _log(self, level: int, message: str) -> None:
         """Prints ``message`` (at a logging level) if the session's log_severity_level lets
@@ -431,7 +457,7 @@ class InferenceSession:
         self._assignment_domains = [r[4] for r in ctx.records]
         runner = self._runner
         runner.plan.plan_outputs = True  # run() copies the outputs out: they live in the plan
-        runner.profiling = bool(self._sess_options.enable_profiling)
+        runner.profiler = self._profiler if self._profiling() else None
         self._allocators = runner.plan.allocators
         capturing = {
             ep.name: ep
@@ -629,15 +655,46 @@ class InferenceSession:
         self, feeds: list[Any], run_options: RunOptions | None, fetch: list[Any]
     ) -> list[Any]:
         eps = self._eps
+        profiler = self._profiler if self._profiling() else None
+        run_profile = None
+        if run_options is not None and run_options.enable_profiling:
+            if profiler is not None:  # onnxruntime's warning, word for word
+                self._log(
+                    logging.WARNING,
+                    "RunOptions requests profiling but session-level profiling is already "
+                    "enabled. Ignoring run-level profiling request.",
+                )
+            else:
+                profiler, run_profile = self._start_run_profile(run_options)
+        t0 = time.perf_counter_ns()
         for ep in eps:
             ep.on_run_start(run_options)
         try:
             with self._run_slot:
-                return self._runner.run(feeds, run_options, fetch)
+                outs = self._runner.run(feeds, run_options, fetch, profiler)
+            if profiler is not None:
+                profiler.add(SESSION, "model_run", t0, time.perf_counter_ns())
+            return outs
         finally:
             for ep in eps:
                 ep.on_run_end(run_options, True)
             self._after_run(run_options)
+            if run_profile is not None:
+                self._log(logging.INFO, f"run profile written to '{run_profile()}'")
+
+    def _start_run_profile(self, run_options: RunOptions) -> tuple[Profiler, Any]:
+        """A profiler for one run (``RunOptions.enable_profiling``), and the call that
+        writes its trace to a new file named after ``RunOptions.profile_file_prefix``."""
+        profiler = Profiler()
+        prefix = str(run_options.profile_file_prefix)
+        try:
+            path = reserve_trace_file(prefix)
+        except OSError as e:
+            raise InvalidArgument(
+                f"RunOptions.profile_file_prefix '{prefix}': the profile file cannot be "
+                f"created: {e}"
+            ) from e
+        return profiler, lambda: _write_profile(profiler, path)
 
     def _fetch(self, idx: list[int], mode: Any) -> list[Any]:
         if idx is self._all_outputs:
@@ -763,17 +820,39 @@ class InferenceSession:
                 self.shrink_memory_arenas(spec)
 
     # profiling ----------------------------------------------------------------------------------
+    def _profiling(self) -> bool:
+        return self._profile_end is not None and self._profile_end.alive
+
     def end_profiling(self) -> str:
-        if not self._sess_options.enable_profiling:
+        """Stop profiling and write the trace (onnxruntime's format, see
+        ``framework/profiler.py``); its path. "" when the session does not profile, or no
+        longer: profiling ends with the first call, as in onnxruntime."""
+        end = self._profile_end.detach() if self._profile_end is not None else None
+        if end is None:
             return ""
-        path = f"{self._sess_options.profile_file_prefix}{time.strftime('%Y-%m-%d_%H-%M-%S')}.json"
-        with open(path, "w") as f:
-            json.dump(self._runner.profile_events, f)
-        self._runner.profile_events = []
-        return path
+        self._runner.profiler = None
+        _, _, (profiler, path), _ = end
+        return _write_profile(profiler, path)
 
     def get_profiling_start_time_ns(self) -> int:
-        return self._profiling_start_ns
+        """When profiling started (epoch nanoseconds; a trace's ``ts`` counts microseconds
+        from it); 0 for a session that does not profile, as in onnxruntime."""
+        return self._profiler.start_ns if self._profiler is not None else 0
+
+
+def _write_profile(profiler: Profiler, path: str) -> str:
+    """Stop ``profiler`` and write its events to ``path``; the path."""
+    write_trace(path, profiler.end())
+    return path
+
+
+def _write_profile_at_exit(profiler: Profiler, path: str) -> None:
+    """The trace of a session collected (or alive at exit) without ``end_profiling()``, as
+    onnxruntime writes it when a session is destroyed; a failure is a warning."""
+    try:
+        _write_profile(profiler, path)
+    except OSError as e:
+        log.log(log.severity_of(logging.WARNING), f"the profile '{path}' was not written: {e}")
 
 
 # What a session-creation error that no check anticipated says first (tools.fuzz counts these

@@ -66,7 +66,8 @@ class SessionOptions:
       that says so.
     * ``log_severity_level`` (-1: the default logger's, see ``set_default_logger_severity``)
       and ``log_verbosity_level``: what the session prints to stderr, tagged ``onnxplug``.
-    * ``enable_profiling``/``profile_file_prefix``: profiling to a JSON trace.
+    * ``enable_profiling``/``profile_file_prefix``: profiling to a JSON trace in onnxruntime's
+      format, written by ``InferenceSession.end_profiling()`` (README, "Profiling").
     * Accepted without effect, as the runtime has no such choice: the memory-arena/pattern
       switches (providers own their memory; plans are always static), ``execution_order``,
       ``use_deterministic_compute`` (the CPU kernels are deterministic) and
@@ -218,15 +219,20 @@ class SessionOptions:
 class RunOptions:
     """Options of one run (``onnxruntime.RunOptions``). A run whose ``terminate`` is set
     fails with onnxruntime's "Exiting due to terminate flag" (the executor decides where it
-    checks). Setting an attribute that onnxruntime's RunOptions does not have raises
+    checks). ``enable_profiling`` profiles this run alone into a new trace file named after
+    ``profile_file_prefix`` (onnxruntime's run-level profiling of its C/C++ API, which its
+    Python RunOptions do not expose yet); a session that profiles already ignores it, with a
+    warning. Setting an attribute that onnxruntime's RunOptions does not have raises
     AttributeError, as there."""
 
     __slots__ = (
         "_config",
         "_log_severity_level",
         "_log_verbosity_level",
+        "enable_profiling",
         "logid",
         "only_execute_path_to_fetches",
+        "profile_file_prefix",
         "synchronize_execution_providers",
         "terminate",
     )
@@ -240,6 +246,8 @@ class RunOptions:
         self.terminate = False
         self.only_execute_path_to_fetches = False
         self.synchronize_execution_providers = True
+        self.enable_profiling = False
+        self.profile_file_prefix = "onnxplug_profile_"
         self._config: dict[str, str] = {}
 
     def add_run_config_entry(self, key: str, value: str) -> None:

@@ -3,8 +3,8 @@
 It is a real plugin (it imports only ``onnxplug.ep``): a factory offering device ``virt:N``,
 an EP claiming Add, Sub, Mul, Relu, MatMul, Transpose, Reshape and Identity (views of their
 input; Reshape's shape in host memory), Softmax, NonZero, If and Loop (the host's kernels),
-a counting allocator over host memory, queued streams with notifications, and a data
-transfer for host <-> virt.
+a counting allocator over host memory, queued streams with notifications, a data transfer
+for host <-> virt, and a device timer for profiling (marks the queued streams reach).
 Register it with::
 
     onnxplug.register_execution_provider_library(
@@ -19,7 +19,7 @@ sessions share one BFC arena over the device's memory;
 
 from .allocator import VirtAllocator
 from .provider import NAME, VirtualDeviceEp, VirtualDeviceFactory
-from .stream import Stats, VirtDataTransfer, VirtNotification, VirtStream
+from .stream import Stats, VirtDataTransfer, VirtNotification, VirtStream, VirtTimer
 
 SECOND_NAME = "VirtualDevice1ExecutionProvider"
 SHARED_DEVICE_NAME = "VirtualDeviceBExecutionProvider"
@@ -52,6 +52,7 @@ __all__ = [
     "VirtDataTransfer",
     "VirtNotification",
     "VirtStream",
+    "VirtTimer",
     "VirtualDeviceEp",
     "VirtualDeviceFactory",
     "create_arena_factory",

@@ -23,7 +23,7 @@ from onnxplug.ep import (
 
 from .allocator import VirtAllocator
 from .kernels import REGISTRY
-from .stream import Stats, VirtDataTransfer, VirtStream
+from .stream import Stats, VirtDataTransfer, VirtStream, VirtTimer
 
 NAME = "VirtualDeviceExecutionProvider"
 VENDOR = "onnxplug-tests"
@@ -80,6 +80,10 @@ class VirtualDeviceEp(Ep):
 
     def is_concurrent_run_supported(self) -> bool:
         return self.stream_mode != "unified"
+
+    def create_device_timer(self) -> VirtTimer | None:
+        # asked for only while profiling; without streams the work is the host's
+        return None if self.stream_mode == "none" else VirtTimer(self.stats)
 
     # graph capture --------------------------------------------------------------------------
     def is_graph_capture_enabled(self) -> bool:

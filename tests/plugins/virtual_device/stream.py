@@ -9,6 +9,7 @@ allocator poisons fresh blocks), and the test comparing against the CPU provider
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from onnxplug.ep import (
     DataTransfer,
     Device,
     DeviceTensor,
+    DeviceTimer,
     GraphCaptureViolation,
     SyncNotification,
     SyncStream,
@@ -159,6 +161,53 @@ class VirtNotification(SyncNotification):
     def wait_on_host(self) -> None:
         self.stream.stats.add("host_waits")
         self.stream.run_until(self.seq)
+
+
+class VirtMark:
+    """A timestamp queued on a ``VirtStream``: the host clock when the stream runs it."""
+
+    __slots__ = ("ns",)
+
+    def __init__(self) -> None:
+        self.ns: int | None = None
+
+    def reach(self) -> None:
+        self.ns = time.perf_counter_ns()
+
+
+class VirtTimer(DeviceTimer):
+    """The virtual device's node timer: its device time is when its stream runs the queued
+    work (on a flush or a wait), so a mark read before the run's synchronisation has not been
+    reached, and reading it is an error: the executor must read after the run's own sync."""
+
+    def __init__(self, stats: Stats):
+        self.stats = stats
+        self._free: list[VirtMark] = []
+        self.closed = False
+        stats.add("timers")
+
+    def mark(self, stream: SyncStream) -> VirtMark:
+        if not isinstance(stream, VirtStream):
+            raise TypeError(f"a virtual-device timer cannot mark {type(stream).__name__}")
+        m = self._free.pop() if self._free else VirtMark()
+        m.ns = None
+        stream.enqueue(m.reach)
+        self.stats.add("timer_marks")
+        return m
+
+    def elapsed_us(self, start: VirtMark, end: VirtMark) -> float:
+        if start.ns is None or end.ns is None:
+            raise RuntimeError("a device-timer mark was read before its stream reached it")
+        self.stats.add("timer_reads")
+        return (end.ns - start.ns) / 1000.0
+
+    def release(self, marks: list[VirtMark]) -> None:
+        self._free.extend(marks)
+        self.stats.add("timer_marks_released", len(marks))
+
+    def close(self) -> None:
+        self.closed = True
+        self.stats.add("timers_closed")
 
 
 def _is_virt(d: Device) -> bool:

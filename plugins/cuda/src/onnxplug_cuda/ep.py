@@ -194,6 +194,10 @@ class CudaEp(Ep):
     def sync(self) -> None:
         self.factory.synchronize(self.ordinal)
 
+    def create_device_timer(self) -> Any:
+        """Asked for only while profiling: CUDA events around each node's work."""
+        return self.factory.create_device_timer(self)
+
     # runs ---------------------------------------------------------------------------------------
     def on_run_start(self, run_options: Any) -> None:
         self._run_tokens.token = self.backend.enter_run(self.run_allocator())

@@ -43,6 +43,7 @@ class CudaEpFactory(EpFactory):
     vendor_id = NVIDIA
     version = "0.1.0"
     device_type = "cuda"
+    min_host_api_version = 2  # its node timer is a DeviceTimer (API version 2)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -119,6 +120,12 @@ class CudaEpFactory(EpFactory):
         return CudaSyncStream(
             ep.device, ep.ordinal, user_handle, ep.options.enable_cudnn, on_close, shared
         )
+
+    def create_device_timer(self, ep: CudaEp) -> Any:
+        """The timer of ``ep``'s nodes while profiling (CUDA events on their streams)."""
+        from .stream import CudaEventTimer
+
+        return CudaEventTimer(ep.ordinal)
 
     def synchronize(self, ordinal: int) -> None:
         from .runtime import DeviceGuard, check, cudart

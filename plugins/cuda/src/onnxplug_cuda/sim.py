@@ -20,6 +20,7 @@ from onnxplug.ep import (
     Device,
     DeviceTensor,
     HostAllocator,
+    HostTimer,
     ImmediateStream,
     MemoryInfo,
     SyncStream,
@@ -141,6 +142,10 @@ class CudaSimEpFactory(CudaEpFactory):
 
     def create_data_transfer(self) -> SimTransfer:
         return SimTransfer()
+
+    def create_device_timer(self, ep: Any) -> HostTimer:
+        # the simulated streams run work when it is queued: the host clock is its time
+        return HostTimer()
 
     def synchronize(self, ordinal: int) -> None:
         pass

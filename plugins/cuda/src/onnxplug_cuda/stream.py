@@ -1,12 +1,20 @@
-"""CUDA streams with their own cuBLASLt and cuDNN handles, and event-based notifications."""
+"""CUDA streams with their own cuBLASLt and cuDNN handles, event-based notifications, and the
+event-based timer of nodes while a session or run is profiled."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from onnxplug.ep import Device, GraphCaptureViolation, SyncNotification, SyncStream, counters
+from onnxplug.ep import (
+    Device,
+    DeviceTimer,
+    GraphCaptureViolation,
+    SyncNotification,
+    SyncStream,
+    counters,
+)
 
-from .runtime import CAPTURING, DeviceGuard, check, cudart, release_deferred
+from .runtime import CAPTURING, CudaError, DeviceGuard, check, cudart, release_deferred
 
 
 class CudaNotification(SyncNotification):
@@ -40,6 +48,54 @@ class CudaNotification(SyncNotification):
             cudart().cudaEventDestroy(self.event)
         except Exception:
             pass
+
+
+class CudaEventTimer(DeviceTimer):
+    """Device time of nodes while profiling: a mark is a timing CUDA event recorded on the
+    node's stream (around the launch of its one-node CUDA graph, or its eager launches); the
+    host reads ``cudaEventElapsedTime`` only after the run's own synchronisation, so nothing
+    waits. Events are pooled per execution frame and destroyed with it. Only profiled runs
+    create one: the fast path never records an event."""
+
+    def __init__(self, ordinal: int):
+        self.ordinal = ordinal
+        self._free: list[Any] = []
+        self._all: list[Any] = []
+
+    def mark(self, stream: SyncStream) -> Any:
+        rt = cudart()
+        if self._free:
+            event = self._free.pop()
+        else:
+            with DeviceGuard(self.ordinal):
+                event = check(
+                    rt.cudaEventCreateWithFlags(rt.cudaEventDefault), "cudaEventCreateWithFlags"
+                )
+            self._all.append(event)
+        check(rt.cudaEventRecord(event, stream.handle), "cudaEventRecord")
+        return event
+
+    def elapsed_us(self, start: Any, end: Any) -> float:
+        err, ms = cudart().cudaEventElapsedTime(start, end)
+        if int(err) != 0:
+            # cudaErrorNotReady: read before the run's synchronisation (a bug), never waited on
+            _, name = cudart().cudaGetErrorName(err)
+            raise CudaError(f"cudaEventElapsedTime failed: {name.decode()}")
+        return float(ms) * 1000.0
+
+    def release(self, marks: list[Any]) -> None:
+        self._free.extend(marks)
+
+    def close(self) -> None:
+        events, self._all, self._free = self._all, [], []
+        for event in events:
+            try:
+                cudart().cudaEventDestroy(event)
+            except Exception:
+                pass
+
+    def __del__(self) -> None:  # a frame collected without being closed
+        self.close()
 
 
 class CudaSyncStream(SyncStream):
