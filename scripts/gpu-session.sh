@@ -7,7 +7,10 @@
 #   smoke        scripts/gpu_smoke.py (foundation checks)
 #   tests        scripts/gpu-test.sh (every cuda-marked test)
 #   conformance  the ONNX node suite on [CUDA, CPU] (JSON per case) and on CPU alone
-#   bench        benchmarks/models.py --fp16 (exports the models first)
+#   bench        benchmarks/models.py --fp16 $BENCH_ARGS (exports the models first)
+#   cold         benchmarks/cold_start.py $COLD_ARGS (fresh processes)
+#
+# tests run in $GPU_TEST_SHARDS (default 4) parallel pytest processes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -25,15 +28,17 @@ for step in "$@"; do
     t0=$SECONDS
     case "$step" in
         smoke) python3 scripts/gpu_smoke.py > "$out/smoke.log" 2>&1; r=$?; tail -3 "$out/smoke.log" ;;
-        tests) PYTHON=python3 bash scripts/gpu-test.sh -p no:cacheprovider > "$out/gpu-tests.log" 2>&1; r=$?
+        tests) GPU_TEST_SHARDS=${GPU_TEST_SHARDS:-4} PYTHON=python3 bash scripts/gpu-test.sh -p no:cacheprovider > "$out/gpu-tests.log" 2>&1; r=$?
                grep -E "^(FAILED|ERROR)|gpu-test: passed" "$out/gpu-tests.log" | head -60 ;;
         conformance)
             ONNXPLUG_CONFORMANCE_TRACE=1 PYTHONFAULTHANDLER=1 python3 -m onnxplug.cli.main conformance --provider CUDAExecutionProvider --provider CPUExecutionProvider --json "$out/conformance_cuda.json" > "$out/conformance_cuda.log" 2>&1; r=$?
             grep -v "^case " "$out/conformance_cuda.log" | tail -3; grep "^case " "$out/conformance_cuda.log" | tail -1
             python3 -m onnxplug.cli.main conformance --provider CPUExecutionProvider --json "$out/conformance_cpu.json" > "$out/conformance_cpu.log" 2>&1
             tail -1 "$out/conformance_cpu.log" ;;
-        bench) python3 benchmarks/models.py --fp16 --json "$out/bench.json" > "$out/bench.log" 2>&1; r=$?
+        bench) python3 benchmarks/models.py --fp16 ${BENCH_ARGS:-} --json "$out/bench.json" > "$out/bench.log" 2>&1; r=$?
                grep -E "^\|" "$out/bench.log" ;;
+        cold) python3 benchmarks/cold_start.py ${COLD_ARGS:-} --json "$out/cold.json" > "$out/cold.log" 2>&1; r=$?
+              grep -E "^\|" "$out/cold.log" ;;
         *) echo "unknown step $step"; r=2 ;;
     esac
     echo "=== $step: exit $r in $((SECONDS - t0)) s"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the GPU tests (pytest marker "cuda") on a machine with an NVIDIA GPU.
+# Run the GPU tests (pytest marker "cuda") on a machine with an NVIDIA GPU
+# (GPU_TEST_SHARDS=N runs them in N parallel pytest processes).
 #
 #   scripts/gpu-test.sh [extra pytest args...]
 #
@@ -43,15 +44,38 @@ else
 fi
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log"*' EXIT
 set +e
-"$py" -m pytest -m cuda -v -rs "$@" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
+shards=${GPU_TEST_SHARDS:-1}
+if [[ $shards -le 1 ]]; then
+    "$py" -m pytest -m cuda -v -rs "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    summaries=$(grep -E '^=+ .*(passed|failed|skipped|error|deselected|no tests ran).* in [0-9.]+s' "$log" | tail -1)
+else
+    # GPU_TEST_SHARDS=N: the test files split into N pytest processes sharing the GPU (the tests
+    # are mostly host-bound, so this divides the wall time); files are dealt out by test count.
+    mapfile -t groups < <("$py" -m pytest -m cuda --collect-only -q -p no:cacheprovider 2>/dev/null \
+        | grep '::' | cut -d: -f1 | sort | uniq -c | sort -rn \
+        | awk -v n="$shards" '{ i = 0; for (k = 1; k < n; k++) if (load[k] < load[i]) i = k;
+                               load[i] += $1; files[i] = files[i] " " $2 }
+                             END { for (k = 0; k < n; k++) print files[k] }')
+    pids=()
+    for i in "${!groups[@]}"; do
+        [[ -z "${groups[$i]// }" ]] && continue
+        # shellcheck disable=SC2086
+        "$py" -m pytest -m cuda -v -rs "$@" ${groups[$i]} > "$log.$i" 2>&1 &
+        pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || { r=$?; [[ $r -ne 5 ]] && rc=$r; }; done
+    cat "$log".* > "$log"
+    cat "$log"
+    summaries=$(grep -hE '^=+ .*(passed|failed|skipped|error|deselected|no tests ran).* in [0-9.]+s' "$log".*)
+fi
 set -e
 
-# pytest's closing line, e.g. "=== 12 passed, 1 failed, 3 skipped in 4.2s ===", as counts
-summary=$(grep -E '^=+ .*(passed|failed|skipped|error|deselected|no tests ran).* in [0-9.]+s' "$log" | tail -1 || true)
-count() { grep -oE "[0-9]+ $1" <<<"$summary" | grep -oE '^[0-9]+' || echo 0; }
+# pytest's closing lines, e.g. "=== 12 passed, 1 failed, 3 skipped in 4.2s ===", summed as counts
+count() { grep -oE "[0-9]+ $1" <<<"$summaries" | grep -oE '^[0-9]+' | awk '{ s += $1 } END { print s + 0 }'; }
 echo "gpu-test: passed=$(count passed) failed=$(count failed) errors=$(count 'errors?') skipped=$(count skipped) deselected=$(count deselected)"
 
 if [[ $rc -eq 5 ]]; then

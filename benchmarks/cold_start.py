@@ -1,0 +1,115 @@
+"""Cold start of onnxplug's CUDA provider: session creation, first and second run, each model in
+a fresh Python process (so creation includes the CUDA context, library loading and every
+per-process cache), twice in a row (the second process finds what the first left on disk).
+
+    python benchmarks/cold_start.py [--models resnet50,bert_base,gpt2] [--out DIR]
+                                    [--cprofile N]
+
+Models come from benchmarks/models.py's export (batch 1, fp32). ``--cprofile N`` also prints the
+N most expensive functions (cumulative) of creation and first run, from a third process.
+onnxruntime's figures (ORT 1.31.1 CUDA EP, same H100, ../shared/anchors/ort_gpu_more.md §1) are
+printed beside ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+# onnxruntime CUDA EP, default options: (create s, first run ms), from ../shared/anchors.
+ANCHORS = {"resnet50": (0.450, 601.9), "bert_base": (1.092, 130.6), "gpt2": (1.195, 119.9)}
+
+_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np
+import onnxplug as ox
+sys.path.insert(0, "benchmarks")
+from models import feeds_for, model_path
+t_import = time.perf_counter() - t0
+name, out, prof = sys.argv[1], sys.argv[2], int(sys.argv[3])
+feeds = feeds_for(name, 1)
+path = model_path(out, name, 1)
+if prof:
+    import cProfile, pstats
+    pr = cProfile.Profile()
+    pr.enable()
+t1 = time.perf_counter()
+s = ox.InferenceSession(path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+t2 = time.perf_counter()
+s.run(None, feeds)
+t3 = time.perf_counter()
+if prof:
+    pr.disable()
+    pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(prof)
+s.run(None, feeds)
+t4 = time.perf_counter()
+print(json.dumps({"import_s": t_import, "create_s": t2 - t1, "first_ms": (t3 - t2) * 1e3,
+                  "second_ms": (t4 - t3) * 1e3}))
+"""
+
+
+def child(name: str, out: str, prof: int = 0) -> dict:
+    t0 = time.perf_counter()
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD, name, out, str(prof)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    wall = time.perf_counter() - t0
+    if prof:
+        print(p.stderr[-12000:])
+    if p.returncode:
+        raise RuntimeError(f"{name}: exit {p.returncode}: {p.stderr[-2000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r["process_s"] = wall
+    return r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet50,bert_base,gpt2")
+    ap.add_argument("--out", default="/tmp/onnxplug_models")
+    ap.add_argument("--cprofile", type=int, default=0, help="print the N top functions")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    names = args.models.split(",")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from models import export_all
+
+    export_all(args.out, names)
+    rows = []
+    for name in names:
+        for proc in ("first process", "second process"):
+            r = child(name, args.out)
+            r.update(model=name, process=proc)
+            print(json.dumps(r), flush=True)
+            rows.append(r)
+        if args.cprofile:
+            child(name, args.out, args.cprofile)
+    print(
+        "\n| model | process | import (s) | create (s) | first run (ms) | second run (ms) "
+        "| create + first run (s) | whole process (s) | ORT create (s) | ORT first run (ms) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        oc, of = ANCHORS.get(r["model"], (None, None))
+        print(
+            f"| {r['model']} | {r['process']} | {r['import_s']:.2f} | {r['create_s']:.2f} "
+            f"| {r['first_ms']:.0f} | {r['second_ms']:.1f} "
+            f"| {r['create_s'] + r['first_ms'] / 1e3:.2f} | {r['process_s']:.2f} "
+            f"| {oc if oc is not None else '-'} | {of if of is not None else '-'} |"
+        )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
