@@ -63,9 +63,18 @@ def fused_node(sess, op: str = "FusedConv"):
     return n
 
 
-def check(model: bytes, feeds: dict, expect: list[str], level=None, providers=(CPU,), tol=1e-5):
+def check(
+    model: bytes,
+    feeds: dict,
+    expect: list[str],
+    level=None,
+    providers=(CPU,),
+    tol=1e-5,
+    ort_level=None,
+):
     """The session at ``level`` has exactly the ops ``expect`` (any order), runs the fused ones
-    on the first provider, and matches the unfused CPU session and onnxruntime's."""
+    on the first provider, and matches the unfused CPU session and onnxruntime's (at
+    ``ort_level``, its default when None)."""
     s = session(model, level, providers)
     assert ops(s) == sorted(expect), op_types(s)
     for op in {"FusedConv", "FusedMatMul"} & set(expect):
@@ -75,8 +84,11 @@ def check(model: bytes, feeds: dict, expect: list[str], level=None, providers=(C
     refs = [want]
     onnxruntime = _ort()
     if onnxruntime is not None:
+        so = onnxruntime.SessionOptions()
+        if ort_level is not None:
+            so.graph_optimization_level = onnxruntime.GraphOptimizationLevel(int(ort_level))
         typed = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))  # G's outputs
-        refs.append(onnxruntime.InferenceSession(typed.SerializeToString()).run(None, feeds))
+        refs.append(onnxruntime.InferenceSession(typed.SerializeToString(), so).run(None, feeds))
     for ref in refs:
         for a, b in zip(got, ref):
             assert a.dtype == b.dtype and a.shape == b.shape

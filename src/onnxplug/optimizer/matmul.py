@@ -14,8 +14,9 @@ of a Transpose node copying it. onnxruntime's two rules, with their names:
   ``x / c`` scales by 1/c; ``c / x`` is not a scale. float64 models keep a scale whose product
   is not exactly a float32 (``alpha`` is a float attribute).
 
-float16/float32/float64/bfloat16 only (FusedMatMul's types), and only where the provider that
-would run the MatMul has a FusedMatMul kernel that takes the node (``fusions.ProviderPolicy``).
+float16/float32/float64/bfloat16 only (FusedMatMul's types), both operands of known rank >= 2,
+and only where the provider that would run the MatMul has a FusedMatMul kernel that takes the
+node (``fusions.ProviderPolicy``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def _gemm_attrs(view: View, n: Node) -> dict[str, Any] | None:
     else:
         return None
     if any(view.dtype(i) not in FUSED_MATMUL_TYPES for i in n.inputs):
+        return None
+    # a 1-D operand is left alone: onnxruntime's FusedMatMul kernel (1.32) computes a wrong
+    # result for one with transA, and an optimized model must give the same results there
+    if any(len(view.shape(i) or ()) < 2 for i in n.inputs):
         return None
     return attrs
 

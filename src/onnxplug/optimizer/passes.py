@@ -60,6 +60,7 @@ _NO_FOLD = frozenset(
     }
 )
 _FOLD_MAX_ELEMENTS = 1 << 20
+_FUSION_ROUNDS = 5
 
 
 def disabled_optimizers(names: Iterable[str] | str | None) -> frozenset[str]:
@@ -100,9 +101,12 @@ def optimize(
         fold_conv_constants(g, disabled)
         if level >= 2:
             fuse_transformer(g, registries, disabled)
-        for name, fuse in later:
-            if level >= OPTIMIZER_NAMES[name] and name not in disabled:
-                fuse(g, policy)
+        # one fusion can make another possible (a scale folded into FusedMatMul leaves a
+        # Transpose in reach): rounds until nothing changes, at most onnxruntime's 5 steps
+        active = [f for name, f in later if level >= OPTIMIZER_NAMES[name] and name not in disabled]
+        for _ in range(_FUSION_ROUNDS):
+            if not sum(fuse(g, policy) for fuse in active):
+                break
 
 
 def _all_graphs(g: Graph) -> list[Graph]:
