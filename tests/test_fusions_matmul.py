@@ -23,7 +23,7 @@ from onnx import helper
 import onnxplug as ox
 from tests.test_fusions_attention import DATA, MODELS
 from tests.test_fusions_attention import _feeds as attention_feeds
-from tests.test_fusions_conv import _ort, check, ops, session
+from tests.test_fusions_conv import _ort, check, ops, session, typed
 from tests.test_fusions_transformer import (  # noqa: F401 (sim: a fixture)
     CPU,
     MS,
@@ -137,8 +137,7 @@ def _ort_fused(model: bytes) -> list[dict]:
     so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     with tempfile.TemporaryDirectory() as d:
         so.optimized_model_filepath = os.path.join(d, "m.onnx")
-        typed = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
-        onnxruntime.InferenceSession(typed.SerializeToString(), so, providers=[CPU])
+        onnxruntime.InferenceSession(typed(model), so, providers=[CPU])
         out = onnx.load(so.optimized_model_filepath)
     return [
         {
