@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +30,9 @@ import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from cpu_light_models import median_ms  # noqa: E402
 from tests.test_fusions_conv import resnet50  # noqa: E402
 from tests.test_fusions_transformer import bert_model  # noqa: E402
 
@@ -64,16 +64,6 @@ def models() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
 
 def typed(model: bytes) -> bytes:
     return onnx.shape_inference.infer_shapes(onnx.load_from_string(model)).SerializeToString()
-
-
-def median_ms(run, runs: int) -> float:
-    run()  # warm-up: plans, caches, BLAS threads
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
 
 
 def row(model: bytes, feeds: dict, runs: int, level: int, disabled: list[str]) -> tuple:

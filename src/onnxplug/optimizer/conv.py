@@ -123,6 +123,11 @@ def _other_operand(node: Node, value: str) -> str | None:
     return node.inputs[1] if node.inputs[0] == value else node.inputs[0]
 
 
+def _per_channel_scaled(w: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """W with output channel m multiplied by factor[m] (computed in float64)."""
+    return (w.astype(np.float64) * factor.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
+
+
 def _fold_batchnorm(g: Graph, conv: Node, bn: Node) -> bool:
     params = _constants(g, conv)
     if params is None or bn.inputs[0] != conv.outputs[0] or len(bn.inputs) < 5:
@@ -138,39 +143,42 @@ def _fold_batchnorm(g: Graph, conv: Node, bn: Node) -> bool:
     if factor.shape != (w.shape[0],) or any(v.shape != factor.shape for v in (beta, mean)):
         return False
     b64 = b.astype(np.float64) if b is not None else np.zeros(w.shape[0])
-    new_w = (w.astype(np.float64) * factor.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
-    _set_constants(g, conv, new_w, ((b64 - mean) * factor + beta).astype(w.dtype))
+    new_b = ((b64 - mean) * factor + beta).astype(w.dtype)
+    _set_constants(g, conv, _per_channel_scaled(w, factor), new_b)
     return True
 
 
-def _fold_add(g: Graph, conv: Node, add: Node) -> bool:
+def _channel_map(
+    g: Graph, conv: Node, node: Node
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(W, B (zeros when absent), per-channel constant), in float64 but W, when ``node``
+    combines the Conv's output with a per-output-channel constant."""
     params = _constants(g, conv)
-    other = _other_operand(add, conv.outputs[0])
+    other = _other_operand(node, conv.outputs[0])
     if params is None or other is None:
-        return False
+        return None
     w, b = params
     k = _per_channel(g, other, w)
     if k is None:
-        return False
-    total = k.astype(np.float64) + (b.astype(np.float64) if b is not None else 0.0)
-    _set_constants(g, conv, None, total.astype(w.dtype))
-    return True
+        return None
+    b64 = b.astype(np.float64) if b is not None else np.zeros(w.shape[0])
+    return w, b64, k.astype(np.float64)
+
+
+def _fold_add(g: Graph, conv: Node, add: Node) -> bool:
+    found = _channel_map(g, conv, add)
+    if found is not None:
+        w, b, k = found
+        _set_constants(g, conv, None, (b + k).astype(w.dtype))
+    return found is not None
 
 
 def _fold_mul(g: Graph, conv: Node, mul: Node) -> bool:
-    params = _constants(g, conv)
-    other = _other_operand(mul, conv.outputs[0])
-    if params is None or other is None:
-        return False
-    w, b = params
-    s = _per_channel(g, other, w)
-    if s is None:
-        return False
-    s64 = s.astype(np.float64)
-    new_w = (w.astype(np.float64) * s64.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
-    new_b = (b.astype(np.float64) * s64 if b is not None else np.zeros(w.shape[0])).astype(w.dtype)
-    _set_constants(g, conv, new_w, new_b)
-    return True
+    found = _channel_map(g, conv, mul)
+    if found is not None:
+        w, b, s = found
+        _set_constants(g, conv, _per_channel_scaled(w, s), (b * s).astype(w.dtype))
+    return found is not None
 
 
 # ---------------------------------------------------------------------------------------------

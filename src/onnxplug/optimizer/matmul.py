@@ -21,7 +21,7 @@ node (``fusions.ProviderPolicy``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -88,33 +88,54 @@ def _last_two_swapped(view: View, name: str) -> Node | None:
     return t if r >= 2 and list(perm) == [*range(r - 2), r - 1, r - 2] else None
 
 
-def fuse_matmul_transpose(g: Graph, policy: ProviderPolicy | None = None) -> int:
-    """Transpose(last two axes) + MatMul -> FusedMatMul with transA/transB; returns how many."""
+# a match: (inputs, output, the node the fused one replaces last, attributes, the Transposes or
+# scales before the inputs that fold into it)
+Match = tuple[list[str], str, Node, dict[str, Any], list[Node]]
+
+
+def _fuse(g: Graph, policy: ProviderPolicy | None, match: Callable[..., Match | None]) -> int:
+    """Each MatMul (or FusedMatMul) that ``match(view, node, attrs)`` matches becomes one
+    FusedMatMul; returns how many."""
     view = View(g)
     rw = _Rewriter(g, policy or ProviderPolicy())
     folded: list[Node] = []
     for mm in g.nodes:
         attrs = _gemm_attrs(view, mm)
-        if attrs is None:
+        found = match(view, mm, attrs) if attrs is not None else None
+        if found is None:
             continue
-        ins, transposes = list(mm.inputs), []
-        for i, key in ((0, "transA"), (1, "transB")):
-            t = _last_two_swapped(view, ins[i])
-            if t is not None:
-                transposes.append(t)
-                ins[i] = t.inputs[0]
-                attrs[key] = 1 - int(attrs[key])
-        if not transposes:
-            continue
-        fused = _fused_matmul(g, mm, ins, mm.outputs[0], attrs)
-        # a Transpose read by others stays (and goes later if all its readers were fused)
-        own = [t for t in transposes if view.sole_reader(t.outputs[0]) is mm]
-        if rw.free([mm, *transposes], "FusedMatMul", MS_DOMAIN, fused):
-            rw.add([mm, *own], mm, fused)
-            folded.extend(transposes)
+        ins, out, last, attrs, before = found
+        fused = _fused_matmul(g, last, ins, out, attrs)
+        # a node before an input that others read stays (it goes later if they all fused)
+        own = [p for p in before if view.sole_reader(p.outputs[0]) is mm]
+        nodes = [mm, *own, *([last] if last is not mm else [])]
+        if rw.free([*nodes, *before], "FusedMatMul", MS_DOMAIN, fused):
+            rw.add(nodes, last, fused)
+            folded.extend(before)
     count = rw.apply()
     _drop_unread(g, folded)
     return count
+
+
+def fuse_matmul_transpose(g: Graph, policy: ProviderPolicy | None = None) -> int:
+    """Transpose(last two axes) + MatMul -> FusedMatMul with transA/transB; returns how many."""
+    return _fuse(g, policy, _transposes)
+
+
+def fuse_matmul_scale(g: Graph, policy: ProviderPolicy | None = None) -> int:
+    """Mul/Div by scalar constants around MatMul -> FusedMatMul's alpha; returns how many."""
+    return _fuse(g, policy, _scales)
+
+
+def _transposes(view: View, mm: Node, attrs: dict[str, Any]) -> Match | None:
+    ins, transposes = list(mm.inputs), []
+    for i, key in ((0, "transA"), (1, "transB")):
+        t = _last_two_swapped(view, ins[i])
+        if t is not None:
+            transposes.append(t)
+            ins[i] = t.inputs[0]
+            attrs[key] = 1 - int(attrs[key])
+    return (ins, mm.outputs[0], mm, attrs, transposes) if transposes else None
 
 
 def _scalar(view: View, name: str, other: str) -> float | None:
@@ -148,45 +169,28 @@ def _scale(view: View, n: Node | None, x: str | None = None) -> tuple[float, str
     return None
 
 
-def fuse_matmul_scale(g: Graph, policy: ProviderPolicy | None = None) -> int:
-    """Mul/Div by scalar constants around MatMul -> FusedMatMul's alpha; returns how many."""
-    view = View(g)
-    rw = _Rewriter(g, policy or ProviderPolicy())
-    folded: list[Node] = []
-    for mm in g.nodes:
-        attrs = _gemm_attrs(view, mm)
-        if attrs is None:
+def _scales(view: View, mm: Node, attrs: dict[str, Any]) -> Match | None:
+    ins, factor, scales = list(mm.inputs), 1.0, []
+    for i in (0, 1):
+        sc = view.producer.get(ins[i])
+        found = _scale(view, sc)
+        unscaled = view.shape(found[1]) if found is not None else None
+        if found is None or sc is None or not unscaled:  # onnxruntime: rank > 0, known
             continue
-        dt = view.dtype(mm.inputs[0])
-        ins, factor, scales = list(mm.inputs), 1.0, []
-        for i in (0, 1):
-            sc = view.producer.get(ins[i])
-            found = _scale(view, sc)
-            unscaled = view.shape(found[1]) if found is not None else None
-            if found is None or sc is None or not unscaled:  # onnxruntime: rank > 0, known
-                continue
-            factor *= found[0]
-            ins[i] = found[1]
-            scales.append(sc)
-        out, last = mm.outputs[0], mm
-        after = view.sole_reader(out)
-        found = _scale(view, after, out)
-        if found is not None and after is not None:
-            factor *= found[0]
-            out, last = after.outputs[0], after
-        if last is mm and not scales:
-            continue
-        total = float(attrs["alpha"]) * factor
-        alpha = float(np.float32(total))
-        if dt == "float64" and alpha != total:
-            continue  # alpha is a float: the float64 model's scale would be rounded
-        attrs["alpha"] = alpha
-        fused = _fused_matmul(g, last, ins, out, attrs)
-        own = [s for s in scales if view.sole_reader(s.outputs[0]) is mm]
-        nodes = [mm, *own, *([last] if last is not mm else [])]
-        if rw.free([*nodes, *scales], "FusedMatMul", MS_DOMAIN, fused):
-            rw.add(nodes, last, fused)
-            folded.extend(scales)
-    count = rw.apply()
-    _drop_unread(g, folded)
-    return count
+        factor *= found[0]
+        ins[i] = found[1]
+        scales.append(sc)
+    out, last = mm.outputs[0], mm
+    after = view.sole_reader(out)
+    found = _scale(view, after, out)
+    if found is not None and after is not None:
+        factor *= found[0]
+        out, last = after.outputs[0], after
+    if last is mm and not scales:
+        return None
+    total = float(attrs["alpha"]) * factor
+    alpha = float(np.float32(total))
+    if view.dtype(mm.inputs[0]) == "float64" and alpha != total:
+        return None  # alpha is a float: the float64 model's scale would be rounded
+    attrs["alpha"] = alpha
+    return ins, out, last, attrs, scales
