@@ -621,3 +621,32 @@ def test_resnet50_node_counts_and_results():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     after = op_types(s)
     assert after.count("FusedConv") == 49 and after.count("Conv") == 4
+
+
+def test_optimized_model_runs_in_onnxruntime(tmp_path):
+    """The optimized model onnxplug writes (FusedConv with Z and activation_params,
+    FusedMatMul) loads in onnxruntime and gives the same results."""
+    onnxruntime = _ort()
+    if onnxruntime is None:
+        pytest.skip("onnxruntime is not installed")
+    g = G()
+    x = g.input("x", [2, C, 6, 6])
+    y = ACTIVATIONS["Clip_max_only"][0](g, residual_block(g, x, C, act=None))
+    flat = g.op("Reshape", y, g.const(np.array([2, C, 36]), dtype=np.int64))
+    scores = g.op("MatMul", flat, g.op("Transpose", flat, perm=[0, 2, 1]))
+    model = g.model([g.op("Div", scores, g.const(6.0))])
+    so = ox.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    s = ox.InferenceSession(typed(model), so, providers=[CPU])
+    written = onnx.load(so.optimized_model_filepath)
+    assert sorted(n.op_type for n in written.graph.node) == [
+        "FusedConv",
+        "FusedConv",
+        "FusedMatMul",
+        "Reshape",
+    ]
+    feeds = {"x": _x([2, C, 6, 6])}
+    theirs = onnxruntime.InferenceSession(so.optimized_model_filepath, providers=[CPU])
+    np.testing.assert_allclose(
+        theirs.run(None, feeds)[0], s.run(None, feeds)[0], rtol=1e-5, atol=1e-4
+    )

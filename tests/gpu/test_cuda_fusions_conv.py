@@ -44,7 +44,7 @@ def test_residual_block_fused_on_cuda(act, dtype):
 def test_resnet50_shaped_model_on_cuda():
     """49 FusedConv (33 with Relu, 16 with the residual and Relu) and 4 projection Convs, all on
     CUDA, against the unfused CPU graph."""
-    model = typed(resnet50(width=16, size=64, classes=10))
+    model = typed(resnet50(width=16, size=64, batch=2, classes=10))
     acts = _fused_on_cuda(model)
     assert len(acts) == 49 and set(acts) == {"Relu"}
     feeds = {"x": np.random.default_rng(2).standard_normal((2, 3, 64, 64)).astype(np.float32)}
