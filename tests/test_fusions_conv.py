@@ -480,6 +480,29 @@ def test_cuda_provider_declines_fused_conv_without_activation():
     check(model, feeds, ["FusedConv"])
 
 
+@pytest.mark.usefixtures("sim")
+@pytest.mark.parametrize("act", ["Relu", "LeakyRelu", "Sigmoid", "Clip_relu6", "residual"])
+def test_fused_conv_keeps_the_steady_state_on_the_cuda_provider(act):
+    """After warm-up a run of FusedConv nodes on the simulated device is one host
+    synchronisation, no allocation from the provider's allocator, no view built (as the
+    unfused Conv and activation nodes were)."""
+    from tests.test_steady_state import steady_counts
+
+    g = G()
+    x = g.input("x", [2, C, 6, 6])
+    if act == "residual":
+        y = residual_block(g, x, C)
+    else:
+        y = ACTIVATIONS[act][0](g, conv(g, x, C, C))
+    s = session(g.model([y]), providers=[SIM, CPU])
+    assert set(providers_of(s, "FusedConv")) == {SIM}
+    feeds = {"x": _x([2, C, 6, 6])}
+    s.run(None, feeds)  # records the signature
+    s.run(None, feeds)  # binds the pooled frame
+    for counts in steady_counts(s, feeds):
+        assert counts == {"syncs": 1, "views": 0, "allocs": 0}
+
+
 # ---------------------------------------------------------------------------------------------
 # Switches: onnxruntime's optimizer names
 
