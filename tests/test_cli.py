@@ -81,7 +81,7 @@ def test_demo_prints_shapes_values_assignment_and_timing(capsys):
     assert "probabilities [2, 10]" in out
     assert re.search(r"image 0: class \d \(p=0\.\d{4}\)", out)
     assert "(ok)" in out  # agrees with the numpy reference
-    assert re.search(r"CPUExecutionProvider\s+6 nodes", out)
+    assert re.search(r"CPUExecutionProvider\s+5 nodes", out)  # Conv + Relu is one FusedConv
     assert "copies: none" in out
     assert re.search(r"first run [\d.]+ ms; over 5 runs median [\d.]+ ms", out)
 

@@ -1,9 +1,4 @@
-"""Provider-independent fusions.
-
-Basic level (onnxruntime's basic rewrites):
-
-* Conv + BatchNormalization (inference) with constant parameters: the normalization is folded
-  into the convolution's weights and bias, removing a whole pass over the activation.
+"""Transformer fusions and the machinery every fusion shares.
 
 Extended level (``fuse_transformer``, graph_optimization_level >= 2): the decomposed patterns
 that transformer exporters emit become single nodes, so that each costs one kernel dispatch:
@@ -32,10 +27,13 @@ nothing else and are not graph outputs. The com.microsoft ops have onnxruntime's
 inputs and attributes, so models optimized by onnxruntime's tools also run here.
 
 The fusions run before partitioning, so they must not take nodes away from a provider: given
-the session's kernel registries (priority order), a pattern is fused only when the first
-provider with a kernel for the fused op or for one of the pattern's ops has the fused op
-(``ProviderPolicy``; onnxruntime likewise applies its extended fusions only for the providers
-that implement the fused ops). A plugin that runs MatMul but not MatMulBias keeps its MatMul.
+the session's providers (priority order), a pattern is fused only when the first provider with
+a kernel for the fused op or for one of the pattern's ops has the fused op, and, where the
+fusion asks, would run the fused node itself (``ProviderPolicy``; onnxruntime likewise applies
+its extended fusions only for the providers that implement the fused ops). A plugin that runs
+MatMul but not MatMulBias keeps its MatMul.
+
+The convolution rewrites are in ``conv``, the GEMM layout ones (FusedMatMul) in ``matmul``.
 """
 
 from __future__ import annotations
@@ -49,61 +47,6 @@ import numpy as np
 import onnx
 
 from ..ir.graph import Graph, Node, tensor_dtype
-
-
-def _single_consumer(g: Graph, name: str, outputs: set[str]) -> Node | None:
-    if name in outputs:
-        return None
-    users = [n for n in g.nodes if name in n.inputs or name in n.implicit_inputs]
-    return users[0] if len(users) == 1 else None
-
-
-def fold_conv_batchnorm(g: Graph) -> int:
-    """Fold BatchNormalization into the Conv that feeds it; returns how many were folded."""
-    outputs = {vi.name for vi in g.outputs}
-    inits = g.initializers
-    removed: set[int] = set()
-    folded = 0
-    for conv in g.nodes:
-        if conv.op_type != "Conv" or conv.domain != "" or len(conv.outputs) != 1:
-            continue
-        if len(conv.inputs) < 2 or conv.inputs[1] not in inits:
-            continue
-        bias_name = conv.inputs[2] if len(conv.inputs) > 2 and conv.inputs[2] else None
-        if bias_name is not None and bias_name not in inits:
-            continue
-        bn = _single_consumer(g, conv.outputs[0], outputs)
-        if bn is None or bn.op_type != "BatchNormalization" or bn.domain != "":
-            continue
-        if bn.inputs[0] != conv.outputs[0] or len(bn.inputs) < 5:
-            continue
-        if any(o for o in bn.outputs[1:]) or bn.attrs.get("training_mode", 0):
-            continue
-        if not all(i in inits for i in bn.inputs[1:5]):
-            continue
-        w = inits[conv.inputs[1]]
-        if w.dtype.kind != "f":
-            continue
-        scale, beta, mean, var = (inits[i].astype(np.float64) for i in bn.inputs[1:5])
-        eps = float(bn.attrs.get("epsilon", 1e-5))
-        factor = scale / np.sqrt(var + eps)
-        if factor.shape[0] != w.shape[0]:
-            continue
-        b = inits[bias_name].astype(np.float64) if bias_name else np.zeros(w.shape[0])
-        new_w = (w.astype(np.float64) * factor.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
-        new_b = ((b - mean) * factor + beta).astype(w.dtype)
-        w_name = g.unique_name(f"{conv.inputs[1]}_bnfold")
-        b_name = g.unique_name(f"{conv.name}_bias_bnfold")
-        inits[w_name] = new_w
-        inits[b_name] = new_b
-        conv.inputs = [conv.inputs[0], w_name, b_name]
-        conv.outputs = [bn.outputs[0]]
-        removed.add(id(bn))
-        folded += 1
-    if removed:
-        g.nodes = [n for n in g.nodes if id(n) not in removed]
-        _drop_unused_initializers(g)
-    return folded
 
 
 def _drop_unused_initializers(g: Graph) -> None:
@@ -331,7 +274,6 @@ def _rank_allows(view: _View, root: str, const_rank: int) -> bool:
 def _new_node(
     g: Graph, op: str, domain: str, inputs: list[str], outputs: list[str], attrs: dict, at: Node
 ) -> Node:
-    g.opsets.setdefault(domain, 1)
     return Node(
         name=g.unique_name(f"{op}_{at.name}"),
         op_type=op,
@@ -340,7 +282,7 @@ def _new_node(
         outputs=outputs,
         attrs=attrs,
         since_version=1,
-        opset=g.opsets[domain],
+        opset=g.opsets.get(domain, 1),  # the domain joins the graph's opsets when it is used
     )
 
 
@@ -363,18 +305,28 @@ def _new_onnx_node(
 
 class ProviderPolicy:
     """Whether fusing some nodes into an op leaves every node with the provider that would have
-    run it: the first registry (priority order) knowing the fused op or one of the nodes' ops
-    must know the fused op. Registries are matched by op and domain (types and a kernel's
-    ``claims`` are left to partitioning); no registries: every fusion is allowed."""
+    run it: the first provider (priority order) knowing the fused op or one of the nodes' ops
+    must know the fused op. Providers are matched by op and domain (``has_op(op, domain)``, as
+    a KernelRegistry answers); one that also answers ``takes(node, graph)`` (the session's
+    providers: their ``get_capability`` claims the node and a kernel matches its types) must
+    take the fused node when the fusion gives it. No providers: every fusion is allowed."""
 
     def __init__(self, registries: Sequence[Any] | None = None):
         self.registries = list(registries or [])
 
-    def allows(self, op: str, domain: str, nodes: Iterable[Node]) -> bool:
+    def allows(
+        self,
+        op: str,
+        domain: str,
+        nodes: Iterable[Node],
+        fused: Node | None = None,
+        graph: Graph | None = None,
+    ) -> bool:
         ops = {(n.domain, n.op_type) for n in nodes}
         for reg in self.registries:
             if reg.has_op(op, domain):
-                return True
+                takes = getattr(reg, "takes", None)
+                return fused is None or takes is None or bool(takes(fused, graph))
             if any(reg.has_op(o, d) for d, o in ops):
                 return False
         return True
@@ -390,16 +342,20 @@ class _Rewriter:
         self.taken: set[int] = set()
         self.replace: dict[int, list[Node]] = {}
 
-    def free(self, nodes: Iterable[Node], op: str, domain: str) -> bool:
-        """The nodes are in no other rewrite and the providers let them become ``op``."""
+    def free(self, nodes: Iterable[Node], op: str, domain: str, fused: Node | None = None) -> bool:
+        """The nodes are in no other rewrite and the providers let them become ``op`` (given
+        ``fused``, the node that replaces them: the chosen provider must take it)."""
+        nodes = list(nodes)
         if any(id(n) in self.taken for n in nodes):
             return False
-        return self.policy.allows(op, domain, nodes)
+        return self.policy.allows(op, domain, nodes, fused, self.g)
 
     def add(self, nodes: list[Node], at: Node, new: Node | list[Node]) -> None:
         """Replace ``nodes`` by ``new`` (one node, or several in order) placed at ``at``."""
         self.taken.update(id(n) for n in nodes)
         self.replace[id(at)] = new if isinstance(new, list) else [new]
+        for n in self.replace[id(at)]:
+            self.g.opsets.setdefault(n.domain, n.opset)
 
     def apply(self) -> int:
         if not self.replace:
@@ -416,12 +372,18 @@ class _Rewriter:
         return len(self.replace)
 
 
-def fuse_gelu(g: Graph, policy: ProviderPolicy | None = None) -> int:
-    """Erf/Tanh GELU subgraphs -> com.microsoft Gelu / FastGelu; returns how many."""
+def fuse_gelu(
+    g: Graph, policy: ProviderPolicy | None = None, forms: Iterable[str] = ("Erf", "Tanh")
+) -> int:
+    """Erf/Tanh GELU subgraphs -> com.microsoft Gelu / FastGelu (``forms``: which of the two);
+    returns how many."""
     view = _View(g)
     rw = _Rewriter(g, policy or ProviderPolicy())
+    wanted = frozenset(forms)
     for e in g.nodes:
-        form = _GELU_FORMS.get(e.op_type) if e.domain == "" and len(e.inputs) == 1 else None
+        form = None
+        if e.domain == "" and len(e.inputs) == 1 and e.op_type in wanted:
+            form = _GELU_FORMS.get(e.op_type)
         if form is None:
             continue
         inner_target, op, types = form
@@ -612,17 +574,38 @@ def _is_bias(view: _View, name: str, dtype: str) -> bool:
     return v is not None and v.ndim == 1 and v.dtype.name == dtype
 
 
-def fuse_transformer(g: Graph, registries: Sequence[Any] | None = None) -> dict[str, int]:
+# onnxruntime's names of the transformer fusions (``disabled_optimizers``), per fused op
+TRANSFORMER_FUSION_NAMES = {
+    "Gelu": ("GeluFusion", "FastGeluFusion"),
+    "SkipLayerNormalization": ("SkipLayerNormFusion",),
+    "MatMulBias": ("MatMulBiasFusion",),
+    "Attention": ("AttentionFusion",),
+    "BiasGelu": ("BiasGeluFusion",),
+}
+
+
+def fuse_transformer(
+    g: Graph, registries: Sequence[Any] | None = None, disabled: frozenset[str] = frozenset()
+) -> dict[str, int]:
     """The extended-level fusions of one graph, in dependency order (Gelu first, so that the
-    bias and GEMM fusions see the fused Gelu nodes); ``registries``: the session's kernel
-    registries in priority order (see ``ProviderPolicy``). Returns how many of each were made."""
+    bias and GEMM fusions see the fused Gelu nodes); ``registries``: the session's providers
+    in priority order (see ``ProviderPolicy``); fusions named in ``disabled`` (onnxruntime's
+    names, ``TRANSFORMER_FUSION_NAMES``; GeluFusion is the Erf form, FastGeluFusion the tanh
+    one) are skipped. Returns how many of each were made."""
     from .attention import fuse_attention
 
     policy = ProviderPolicy(registries)
+    gelu_forms = [
+        f for f, name in (("Erf", "GeluFusion"), ("Tanh", "FastGeluFusion")) if name not in disabled
+    ]
+    passes = {
+        "Gelu": lambda: fuse_gelu(g, policy, gelu_forms),
+        "SkipLayerNormalization": lambda: fuse_skip_layer_norm(g, policy),
+        "MatMulBias": lambda: fuse_matmul_bias(g, policy),
+        "Attention": lambda: fuse_attention(g, policy),
+        "BiasGelu": lambda: fuse_bias_gelu(g, policy),
+    }
     return {
-        "Gelu": fuse_gelu(g, policy),
-        "SkipLayerNormalization": fuse_skip_layer_norm(g, policy),
-        "MatMulBias": fuse_matmul_bias(g, policy),
-        "Attention": fuse_attention(g, policy),
-        "BiasGelu": fuse_bias_gelu(g, policy),
+        op: run() if not all(n in disabled for n in TRANSFORMER_FUSION_NAMES[op]) else 0
+        for op, run in passes.items()
     }

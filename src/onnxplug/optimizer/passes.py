@@ -1,23 +1,47 @@
 """Graph optimization passes, run in place on the IR before partitioning.
 
-Levels follow onnxruntime: 0 disables everything; 1 (basic) folds constants, removes no-op
-nodes and folds Conv + BatchNormalization; 2 (extended) and above add the transformer fusions
-(Gelu, SkipLayerNormalization, MatMulBias, attention, BiasGelu: see ``fusions`` and
-``attention``).
+Levels follow onnxruntime's: 0 disables everything; 1 (basic) folds constants, removes no-op
+nodes and folds per-channel constant maps into convolutions (``conv``); 2 (extended) adds the
+fusions into contrib ops: the transformer fusions (Gelu, SkipLayerNormalization, MatMulBias,
+attention, BiasGelu: see ``fusions`` and ``attention``), Conv + activation -> FusedConv
+(``conv``) and Transposes and scalar scales into FusedMatMul (``matmul``); 3
+(``ORT_ENABLE_LAYOUT``) and above add Conv + residual Add [+ activation] -> FusedConv, which
+onnxruntime runs at that level (``ConvAddActivationFusion``).
+
+Each pass has onnxruntime's name (``OPTIMIZER_NAMES``); the names a session disables
+(``InferenceSession(..., disabled_optimizers=[...])`` or the session config entry
+``optimization.disable_specified_optimizers``, names separated by ``;``) are skipped, and
+names of onnxruntime optimizers onnxplug does not have are accepted and ignored, as there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import onnx
 
 from ..ir.graph import Graph, Node, read_only
-from .fusions import fold_conv_batchnorm, fuse_transformer
+from .conv import fold_conv_constants, fuse_conv_activation, fuse_conv_add_activation
+from .fusions import TRANSFORMER_FUSION_NAMES, ProviderPolicy, fuse_transformer
+from .matmul import fuse_matmul_scale, fuse_matmul_transpose
 
 Folder = Callable[[Graph, Node, list[Any]], list[Any] | None]
+
+# the level from which each of onnxruntime's optimizers that onnxplug implements runs
+OPTIMIZER_NAMES: dict[str, int] = {
+    "ConstantFolding": 1,
+    "EliminateIdentity": 1,
+    "ConvBNFusion": 1,
+    "ConvAddFusion": 1,
+    "ConvMulFusion": 1,
+    **{name: 2 for names in TRANSFORMER_FUSION_NAMES.values() for name in names},
+    "ConvActivationFusion": 2,
+    "MatmulTransposeFusion": 2,
+    "MatMulScaleFusion": 2,
+    "ConvAddActivationFusion": 3,
+}
 
 _NO_FOLD = frozenset(
     {
@@ -36,23 +60,53 @@ _NO_FOLD = frozenset(
     }
 )
 _FOLD_MAX_ELEMENTS = 1 << 20
+_FUSION_ROUNDS = 5
+
+
+def disabled_optimizers(names: Iterable[str] | str | None) -> frozenset[str]:
+    """The optimizer names a session disables: a list, or the config entry's ``;``-separated
+    text (spaces around a name are ignored)."""
+    if names is None:
+        return frozenset()
+    if isinstance(names, str):
+        names = names.split(";")
+    return frozenset(n.strip() for n in names if n.strip())
 
 
 def optimize(
-    graph: Graph, level: int, folder: Folder | None = None, registries: list[Any] | None = None
+    graph: Graph,
+    level: int,
+    folder: Folder | None = None,
+    registries: list[Any] | None = None,
+    disabled: frozenset[str] = frozenset(),
 ) -> None:
-    """Optimize ``graph`` and its subgraphs in place; ``registries``: the session's providers'
-    kernel registries in priority order (fusions never take nodes away from a provider)."""
+    """Optimize ``graph`` and its subgraphs in place; ``registries``: the session's providers
+    in priority order (fusions never take nodes away from a provider, see
+    ``fusions.ProviderPolicy``); ``disabled``: onnxruntime names of passes to skip."""
     if level <= 0:
         return
+    policy = ProviderPolicy(registries)
+    later: list[tuple[str, Callable[[Graph, ProviderPolicy], int]]] = [
+        ("ConvActivationFusion", fuse_conv_activation),
+        ("MatmulTransposeFusion", fuse_matmul_transpose),
+        ("MatMulScaleFusion", fuse_matmul_scale),
+        ("ConvAddActivationFusion", fuse_conv_add_activation),
+    ]
     for g in _all_graphs(graph):
         _constant_to_initializer(g)
-        if folder is not None:
+        if folder is not None and "ConstantFolding" not in disabled:
             fold_constants(g, folder)
-        _remove_identity(g)
-        fold_conv_batchnorm(g)
+        if "EliminateIdentity" not in disabled:
+            _remove_identity(g)
+        fold_conv_constants(g, disabled)
         if level >= 2:
-            fuse_transformer(g, registries)
+            fuse_transformer(g, registries, disabled)
+        # one fusion can make another possible (a scale folded into FusedMatMul leaves a
+        # Transpose in reach): rounds until nothing changes, at most onnxruntime's 5 steps
+        active = [f for name, f in later if level >= OPTIMIZER_NAMES[name] and name not in disabled]
+        for _ in range(_FUSION_ROUNDS):
+            if not sum(fuse(g, policy) for fuse in active):
+                break
 
 
 def _all_graphs(g: Graph) -> list[Graph]:

@@ -123,6 +123,24 @@ def _lookup(ep: Ep, graph: Graph, node: Node) -> tuple[KernelDef, Any] | None:
     return reg.lookup(node.op_type, node.domain, node.since_version, ins, outs)
 
 
+class FusionTarget:
+    """One provider as the optimizer's fusions see it (``optimizer.fusions.ProviderPolicy``):
+    which ops its registry has, and whether it would run a node the optimizer is about to
+    make (what partitioning asks: its ``get_capability`` claims the node and a kernel matches
+    the node's types)."""
+
+    def __init__(self, ep: Ep):
+        self.ep = ep
+        self.registry = ep.get_kernel_registry()
+
+    def has_op(self, op_type: str, domain: str = "") -> bool:
+        return bool(self.registry.has_op(op_type, domain))
+
+    def takes(self, node: Node, graph: Graph) -> bool:
+        claimed = self.ep.get_capability(GraphView(graph, [node], self.registry))
+        return any(n is node for n in claimed) and _lookup(self.ep, graph, node) is not None
+
+
 def partition(graph: Graph, ctx: BuildContext) -> dict[int, Assignment]:
     """Assign every node of ``graph`` (not its subgraphs) to a provider."""
     assignment: dict[int, Assignment] = {}

@@ -38,9 +38,9 @@ from ..ir.export import model_to_proto
 from ..ir.graph import Graph, graph_from_model, read_only
 from ..ir.model import load_model_proto
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype
-from ..optimizer.passes import optimize
+from ..optimizer.passes import disabled_optimizers, optimize
 from . import log
-from .build import BuildContext, build_runner, make_constant_folder
+from .build import BuildContext, FusionTarget, build_runner, make_constant_folder
 from .devices import (
     OrtEpAssignedNode,
     OrtEpAssignedSubgraph,
@@ -56,6 +56,8 @@ from .value import OrtValue, fresh_outputs, to_numpy, unwrap
 CPU_EP = "CPUExecutionProvider"
 # session config key: a requested provider that cannot be used is an error, not a warning
 STRICT_PROVIDERS_KEY = "session.strict_providers"
+# session config key: onnxruntime's optimizer names to skip, separated by ';'
+DISABLE_OPTIMIZERS_KEY = "optimization.disable_specified_optimizers"
 
 
 @dataclass(frozen=True)
@@ -152,10 +154,13 @@ class InferenceSession:
         self._eps = self._resources.eps = self._create_eps(providers, provider_options)
         cpu = next((ep for ep in self._eps if ep.name == CPU_EP), None)
         folder = make_constant_folder(cpu) if cpu is not None else None
-        registries = [ep.get_kernel_registry() for ep in self._eps]
+        targets = [FusionTarget(ep) for ep in self._eps]
+        disabled = _disabled_optimizers(kwargs.get("disabled_optimizers"))
+        disabled |= disabled_optimizers(self._sess_options._config.get(DISABLE_OPTIMIZERS_KEY))
         before = _op_counts(graph)
         with unexpected_errors_typed("optimizing the graph"):
-            optimize(graph, int(self._sess_options.graph_optimization_level), folder, registries)
+            level = int(self._sess_options.graph_optimization_level)
+            optimize(graph, level, folder, targets, disabled)
         if max(self._sess_options.log_verbosity_level, log.default_verbosity()) >= 1:
             after = _op_counts(graph)
             self._log(
@@ -1008,6 +1013,24 @@ def _from_python(name: str, value: Any, dt: np.dtype | None) -> np.ndarray:
             f"expected: (tensor({_type_name(dt)})) for input '{name}'"
         )
     return arr.astype(dt)
+
+
+def _disabled_optimizers(names: Any) -> frozenset[str]:
+    """InferenceSession's ``disabled_optimizers`` argument: optimizer names (a list, set or
+    tuple of strings, or one name)."""
+    if names is None or isinstance(names, str):
+        return disabled_optimizers([names] if names else None)
+    try:
+        items = list(names)
+    except TypeError:
+        items = [names]
+    bad = [n for n in items if not isinstance(n, str)]
+    if bad:
+        raise InvalidArgument(
+            f"disabled_optimizers must be optimizer names (strings), got {bad[0]!r} "
+            f"({type(bad[0]).__name__})"
+        )
+    return disabled_optimizers(items)
 
 
 def _op_counts(graph: Graph) -> Counter[str]:

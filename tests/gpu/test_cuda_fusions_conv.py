@@ -1,0 +1,68 @@
+"""The optimizer's convolution and GEMM fusions on the GPU: Conv + activation and Conv +
+residual Add + activation become com.microsoft FusedConv nodes that the CUDA provider runs
+(cuDNN with the bias and ReLU in its graph where it can, Z and other activations after it),
+matching the unfused graph on the CPU provider; FusedMatMul is not made where CUDA runs the
+MatMul (the plugin has no kernel for it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tests.gpu._cuda import CPU, CUDA, cuda_marks, run_cuda_and_cpu
+from tests.test_fusions_conv import ACTIVATIONS, G, residual_block, resnet50, typed
+
+import onnxplug as ox
+
+pytestmark = cuda_marks
+EXACT32 = {"use_tf32": "0"}
+
+
+def _fused_on_cuda(model: bytes) -> list[str]:
+    s = ox.InferenceSession(model, providers=[(CUDA, EXACT32), CPU])
+    eps = {r["node_name"]: r["ep"] for r in s.get_provider_graph_assignment_info()}
+    fused = [n for n in s._graph.nodes if n.op_type == "FusedConv"]
+    assert fused and all(eps[n.name] == CUDA for n in fused), eps
+    return [n.attrs.get("activation", "") for n in fused]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("act", ["Relu", "Clip_relu6", "Sigmoid", "LeakyRelu"])
+def test_residual_block_fused_on_cuda(act, dtype):
+    g = G(dtype)
+    x = g.input("x", [2, 16, 12, 12])
+    y = ACTIVATIONS[act][0](g, residual_block(g, x, 16, act=None))
+    model = typed(g.model([y]))
+    assert sorted(_fused_on_cuda(model)) == sorted(["Relu", act.split("_")[0]])
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 16, 12, 12)).astype(dtype)}
+    got, want, _ = run_cuda_and_cpu(model, feeds, EXACT32)
+    tol = 1e-4 if dtype == np.float32 else 2e-2
+    np.testing.assert_allclose(
+        got[0].astype(np.float32), want[0].astype(np.float32), rtol=tol, atol=tol
+    )
+
+
+def test_resnet50_shaped_model_on_cuda():
+    """49 FusedConv (33 with Relu, 16 with the residual and Relu) and 4 projection Convs, all on
+    CUDA, against the unfused CPU graph."""
+    model = typed(resnet50(width=16, size=64, batch=2, classes=10))
+    acts = _fused_on_cuda(model)
+    assert len(acts) == 49 and set(acts) == {"Relu"}
+    feeds = {"x": np.random.default_rng(2).standard_normal((2, 3, 64, 64)).astype(np.float32)}
+    so = ox.SessionOptions()
+    so.graph_optimization_level = ox.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ox.InferenceSession(model, so, providers=[CPU]).run(None, feeds)[0]
+    got, _, _ = run_cuda_and_cpu(model, feeds, EXACT32)
+    np.testing.assert_allclose(got[0], want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
+
+
+def test_transpose_matmul_stays_unfused_on_cuda():
+    g = G()
+    a, b = g.input("a", [2, 3, 5, 8]), g.input("b", [2, 3, 5, 8])
+    y = g.op("Div", g.op("MatMul", a, g.op("Transpose", b, perm=[0, 1, 3, 2])), g.const(8.0))
+    model = typed(g.model([y]))
+    s = ox.InferenceSession(model, providers=[(CUDA, EXACT32), CPU])
+    rows = [
+        r for r in s.get_provider_graph_assignment_info() if not r["op_type"].startswith("Memcpy")
+    ]
+    assert sorted(r["op_type"] for r in rows) == ["Div", "MatMul", "Transpose"]
+    assert {r["ep"] for r in rows} == {CUDA}
