@@ -398,7 +398,10 @@ def main() -> int:
         )
         for op, n, per, tot, gpu in prof[:15]:
             print(f"  {op:28s} {n:4d} {per:8.1f} {tot:9.1f} {gpu:9.1f}")
+    from onnxplug_cuda import dnn
     from onnxplug_cuda.kernels import _base
+
+    print("\ncuDNN convolution calls (all sessions):", dnn.stats)
 
     if _base.UNPREPARED:
         print("\nnodes that ran unprepared (op: first reason):")

@@ -48,7 +48,8 @@ import numpy as np
 from .blas import BF16
 
 # Calls per path (cuDNN graph vs the kernels' own im2col/col2im + GEMM), for tests and diagnostics.
-stats = {"cudnn": 0, "fallback": 0}
+# "fused": calls whose graph also did the bias/ReLU (counted within "cudnn").
+stats = {"cudnn": 0, "fallback": 0, "fused": 0}
 
 LIMITED_WORKSPACE = 32 << 20
 _MAX_GRAPHS = 512
@@ -138,6 +139,7 @@ class CudnnConv:
             if spec.bias:
                 ptrs[_UID_B] = int(b.data.ptr)
             if ptrs.get(_UID_B, 0) % 16 == 0 and self._execute(ctx, spec, ptrs):
+                stats["fused"] += 1
                 return FUSED
             ptrs.pop(_UID_B, None)
             spec = dataclasses.replace(spec, bias=False, relu=False)
