@@ -3,7 +3,7 @@ a fresh Python process (so creation includes the CUDA context, library loading a
 per-process cache), twice in a row (the second process finds what the first left on disk).
 
     python benchmarks/cold_start.py [--models resnet50,bert_base,gpt2] [--out DIR]
-                                    [--cprofile N]
+                                    [--cprofile N] [--trace-imports torch,scipy]
 
 Models come from benchmarks/models.py's export (batch 1, fp32). ``--cprofile N`` also prints the
 N most expensive functions (cumulative) of creation and first run, from a third process.
@@ -24,7 +24,18 @@ import time
 ANCHORS = {"resnet50": (0.450, 601.9), "bert_base": (1.092, 130.6), "gpt2": (1.195, 119.9)}
 
 _CHILD = r"""
-import json, sys, time
+import json, os, sys, time, traceback
+if os.environ.get("ONNXPLUG_TRACE_IMPORTS"):
+    class _Trace:  # where the heavy packages get imported from
+        watch = set(os.environ["ONNXPLUG_TRACE_IMPORTS"].split(","))
+        def find_spec(self, name, path=None, target=None):
+            if name in self.watch:
+                self.watch.discard(name)
+                frames = [f for f in traceback.extract_stack()[:-1] if "importlib" not in f.filename]
+                stack = "".join(traceback.format_list(frames[-8:]))
+                sys.stderr.write(f"--- first import of {name}:\n{stack}")
+            return None
+    sys.meta_path.insert(0, _Trace())
 t0 = time.perf_counter()
 import numpy as np
 import onnxplug as ox
@@ -53,16 +64,18 @@ print(json.dumps({"import_s": t_import, "create_s": t2 - t1, "first_ms": (t3 - t
 """
 
 
-def child(name: str, out: str, prof: int = 0) -> dict:
+def child(name: str, out: str, prof: int = 0, trace: str = "") -> dict:
+    env = {**os.environ, "ONNXPLUG_TRACE_IMPORTS": trace} if trace else None
     t0 = time.perf_counter()
     p = subprocess.run(
         [sys.executable, "-c", _CHILD, name, out, str(prof)],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     wall = time.perf_counter() - t0
-    if prof:
+    if prof or trace:
         print(p.stderr[-12000:])
     if p.returncode:
         raise RuntimeError(f"{name}: exit {p.returncode}: {p.stderr[-2000:]}")
@@ -76,6 +89,7 @@ def main() -> int:
     ap.add_argument("--models", default="resnet50,bert_base,gpt2")
     ap.add_argument("--out", default="/tmp/onnxplug_models")
     ap.add_argument("--cprofile", type=int, default=0, help="print the N top functions")
+    ap.add_argument("--trace-imports", default="", help="packages (a,b): where first imported")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = args.models.split(",")
@@ -90,8 +104,8 @@ def main() -> int:
             r.update(model=name, process=proc)
             print(json.dumps(r), flush=True)
             rows.append(r)
-        if args.cprofile:
-            child(name, args.out, args.cprofile)
+        if args.cprofile or args.trace_imports:
+            child(name, args.out, args.cprofile, args.trace_imports)
     print(
         "\n| model | process | import (s) | create (s) | first run (ms) | second run (ms) "
         "| create + first run (s) | whole process (s) | ORT create (s) | ORT first run (ms) |"

@@ -30,6 +30,8 @@ import onnxplug as ox
 
 CUDA = "CUDAExecutionProvider"
 SHAPE_OPS = {"Shape", "Size", "MemcpyFromHost", "MemcpyToHost"}
+# --cuda-options: provider options of every onnxplug CUDA session (default: none, as a user)
+OPTIONS: dict[str, str] = {}
 
 
 def export_all(out: str, names: list[str], batches: tuple[int, ...] = (1, 8)) -> None:
@@ -149,7 +151,7 @@ def check(path: str, feeds: dict[str, np.ndarray], fp16: bool) -> dict[str, Any]
     out: dict[str, Any] = {}
     for tf32 in ("0", "1"):
         s = ox.InferenceSession(
-            path, providers=[(CUDA, {"use_tf32": tf32}), "CPUExecutionProvider"]
+            path, providers=[(CUDA, {**OPTIONS, "use_tf32": tf32}), "CPUExecutionProvider"]
         )
         got = s.run(None, feeds)[0]
         err = float(np.max(np.abs(got.astype(np.float64) - cpu)))
@@ -167,11 +169,11 @@ def bench_onnxplug(path: str, feeds: dict[str, np.ndarray], runs: int) -> dict[s
     documented recipe: inputs updated in place, outputs bound); the graph outputs checked against
     the eager ones (bit for bit)."""
     res: dict[str, Any] = {}
-    eager = ox.InferenceSession(path, providers=[CUDA, "CPUExecutionProvider"])
+    eager = ox.InferenceSession(path, providers=[(CUDA, OPTIONS), "CPUExecutionProvider"])
     res["run_eager"] = med_ms(lambda: eager.run(None, feeds), lambda: None, runs)
     want = eager.run(None, feeds)
     graph = ox.InferenceSession(
-        path, providers=[(CUDA, {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+        path, providers=[(CUDA, {**OPTIONS, "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
     )
     got = graph.run(None, feeds)
     res["graph_equals_eager"] = all(np.array_equal(a, b) for a, b in zip(got, want))
@@ -207,7 +209,7 @@ def op_profile(path: str, feeds: dict[str, np.ndarray], runs: int = 20) -> list[
         so = ox.SessionOptions()
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "prof")
-        s = ox.InferenceSession(path, so, providers=[CUDA, "CPUExecutionProvider"])
+        s = ox.InferenceSession(path, so, providers=[(CUDA, OPTIONS), "CPUExecutionProvider"])
         for _ in range(3 + runs):
             s.run(None, feeds)
         with open(s.end_profiling()) as fh:
@@ -332,8 +334,10 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="compare with the CPU provider too")
     ap.add_argument("--profile", action="store_true", help="host and GPU µs per op (batch 1, fp32)")
     ap.add_argument("--batches", default=None, help="only these batch sizes (e.g. 1)")
+    ap.add_argument("--cuda-options", default="", help="k=v,... for every onnxplug session")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    OPTIONS.update(kv.split("=", 1) for kv in args.cuda_options.split(",") if kv)
     names = args.models.split(",")
     if CUDA not in ox.get_available_providers():
         print(f"{CUDA} is not available: {ox.get_provider_load_errors()}", file=sys.stderr)

@@ -1,10 +1,16 @@
 """The optimizer's convolution and GEMM fusions on the GPU: Conv + activation and Conv +
 residual Add + activation become com.microsoft FusedConv nodes that the CUDA provider runs
-(cuDNN with the bias and ReLU in its graph where it can, Z and other activations after it),
-matching the unfused graph on the CPU provider; FusedMatMul is not made where CUDA runs the
+(cuDNN's plain convolution and one epilogue kernel for bias, Z and activation; with
+``fuse_conv_bias=1`` the bias, Z and ReLU in cuDNN's graph), matching the unfused graph on the CPU
+provider; the on-disk tuning cache serves a second process; FusedMatMul is not made where CUDA runs the
 MatMul (the plugin has no kernel for it)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -25,23 +31,31 @@ def _fused_on_cuda(model: bytes) -> list[str]:
     return [n.attrs.get("activation", "") for n in fused]
 
 
+@pytest.mark.parametrize("fuse", ["0", "1"], ids=["epilogue", "fuse_conv_bias"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("act", ["Relu", "Clip_relu6", "Sigmoid", "LeakyRelu"])
-def test_residual_block_fused_on_cuda(act, dtype):
+def test_residual_block_fused_on_cuda(act, dtype, fuse):
+    from onnxplug_cuda import dnn
+
     g = G(dtype)
     x = g.input("x", [2, 16, 12, 12])
     y = ACTIVATIONS[act][0](g, residual_block(g, x, 16, act=None))
     model = typed(g.model([y]))
     assert sorted(_fused_on_cuda(model)) == sorted(["Relu", act.split("_")[0]])
     feeds = {"x": np.random.default_rng(1).standard_normal((2, 16, 12, 12)).astype(dtype)}
-    got, want, _ = run_cuda_and_cpu(model, feeds, EXACT32)
+    before = dict(dnn.stats)
+    got, want, _ = run_cuda_and_cpu(model, feeds, {**EXACT32, "fuse_conv_bias": fuse})
+    assert dnn.stats["fallback"] == before["fallback"]
+    if fuse == "0":  # the plain graphs only; fused ones may be unsupported and fall back
+        assert dnn.stats["fused"] == before["fused"]
     tol = 1e-4 if dtype == np.float32 else 2e-2
     np.testing.assert_allclose(
         got[0].astype(np.float32), want[0].astype(np.float32), rtol=tol, atol=tol
     )
 
 
-def test_resnet50_shaped_model_on_cuda():
+@pytest.mark.parametrize("fuse", ["0", "1"], ids=["epilogue", "fuse_conv_bias"])
+def test_resnet50_shaped_model_on_cuda(fuse):
     """49 FusedConv (33 with Relu, 16 with the residual and Relu) and 4 projection Convs, all on
     CUDA, against the unfused CPU graph."""
     model = typed(resnet50(width=16, size=64, batch=2, classes=10))
@@ -51,8 +65,48 @@ def test_resnet50_shaped_model_on_cuda():
     so = ox.SessionOptions()
     so.graph_optimization_level = ox.GraphOptimizationLevel.ORT_DISABLE_ALL
     want = ox.InferenceSession(model, so, providers=[CPU]).run(None, feeds)[0]
-    got, _, _ = run_cuda_and_cpu(model, feeds, EXACT32)
+    got, _, _ = run_cuda_and_cpu(model, feeds, {**EXACT32, "fuse_conv_bias": fuse})
     np.testing.assert_allclose(got[0], want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
+
+
+_TUNED_PROCESS = """
+import json, sys
+import numpy as np
+import onnxplug as ox
+from onnxplug_cuda import dnn
+model, x = open(sys.argv[1], "rb").read(), np.load(sys.argv[2])
+s = ox.InferenceSession(model, providers=[("CUDAExecutionProvider", {"use_tf32": "0"})])
+y = s.run(None, {"x": x})[0]
+np.save(sys.argv[3], y)
+print(json.dumps(dnn.stats))
+"""
+
+
+def test_tuning_cache_serves_a_second_process(tmp_path):
+    """EXHAUSTIVE search in a first process leaves its winners on disk; a second process builds
+    only those plans (every convolution a cache hit) and computes the same outputs."""
+    model = typed(resnet50(width=16, size=32, batch=1, classes=10))
+    (tmp_path / "m.onnx").write_bytes(model)
+    np.save(tmp_path / "x.npy", np.random.default_rng(3).standard_normal((1, 3, 32, 32)))
+    env = {**os.environ, "ONNXPLUG_CACHE_DIR": str(tmp_path / "cache")}
+
+    def process(n: int) -> dict:
+        args = [str(tmp_path / f) for f in ("m.onnx", "x.npy", f"y{n}.npy")]
+        p = subprocess.run(
+            [sys.executable, "-c", _TUNED_PROCESS, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    first = process(1)
+    assert first["tuning_cache_hits"] == 0 and first["cudnn"] > 0
+    assert len(os.listdir(tmp_path / "cache")) == 1
+    second = process(2)
+    assert second["tuning_cache_hits"] > 0
+    np.testing.assert_allclose(np.load(tmp_path / "y2.npy"), np.load(tmp_path / "y1.npy"), rtol=1e-5)
 
 
 def test_transpose_matmul_stays_unfused_on_cuda():

@@ -3,11 +3,11 @@ options (algorithm search, TF32, workspace limit, 1-D layout).
 
 ``engine_for(ep)`` gives a ``CudnnConv`` on the GPU, or None (host simulation, ``enable_cudnn=0``,
 or no importable ``cudnn``). ``CudnnConv.run(ctx, spec, x, w, b, y)`` computes a forward convolution
-(``spec.kind == "fprop"``) or a ConvTranspose, which is cuDNN's data gradient ("dgrad"). Bias and
-ReLU are fused into the graph when an engine supports that; otherwise the plain convolution graph
-runs and the kernel adds them. When cuDNN cannot do the case at all (no engine supports it, a
-pointer is misaligned, negative pads) the kernel uses its own im2col + GEMM path, so results are
-never wrong.
+(``spec.kind == "fprop"``) or a ConvTranspose, which is cuDNN's data gradient ("dgrad"), with the
+bias, residual and ReLU of ``spec`` in the same graph when it asks for them (``fuse_conv_bias``).
+It returns False when cuDNN cannot do the case (no engine supports it, a pointer is misaligned,
+negative pads): the kernel then runs the plain graph, or its own im2col + GEMM path, so results
+are never wrong.
 
 Graphs are built once per ``ConvSpec`` (shapes, geometry, dtype, fusion, options, device). A
 graph that failed to build is remembered as unsupported. Tensors get fixed uids, and calls
@@ -30,13 +30,24 @@ tensor cores mean TF32. This is the filter PyTorch applies when ``allow_tf32`` i
 before ``check_support``: it marks plan candidates as barred (``Execution_plan_list``,
 include/cudnn_frontend/plans.h).
 
+Autotune results are kept on disk (``TuningCache``): the winning plan of each graph, so that a
+later process builds that one plan instead of every candidate and times none. The file is per
+device, driver, cuDNN and frontend version; its folder is the ``tuning_cache_dir`` option, else
+``$ONNXPLUG_CACHE_DIR``, else ``~/.cache/onnxplug`` (``$XDG_CACHE_HOME``); ``off`` (or an empty
+``$ONNXPLUG_CACHE_DIR``) turns it off. A cached plan that no longer matches (another candidate
+list, another name) is ignored and the graph is tuned again.
+
 ``cudnn_conv_use_max_workspace=0`` deselects plans needing more than 32 MiB, onnxruntime's
 ``AlgoSearchWorkspaceSize``. Workspaces come from the provider's allocator (``ctx.scratch``).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import atexit
+import hashlib
+import json
+import os
+import tempfile
 import threading
 import warnings
 from collections import OrderedDict
@@ -48,15 +59,13 @@ import numpy as np
 from .blas import BF16
 
 # Calls per path (cuDNN graph vs the kernels' own im2col/col2im + GEMM), for tests and diagnostics.
-# "fused": calls whose graph also did the bias/ReLU (counted within "cudnn").
-stats = {"cudnn": 0, "fallback": 0, "fused": 0}
+# "fused": calls whose graph also did a bias, residual or ReLU (counted within "cudnn").
+stats = {"cudnn": 0, "fallback": 0, "fused": 0, "tuning_cache_hits": 0}
 
 LIMITED_WORKSPACE = 32 << 20
 _MAX_GRAPHS = 512
-_UID_X, _UID_W, _UID_B, _UID_Y = 1, 2, 3, 4
+_UID_X, _UID_W, _UID_B, _UID_Y, _UID_Z = 1, 2, 3, 4, 5
 _EXHAUSTIVE, _HEURISTIC, _DEFAULT = 0, 1, 2
-# what CudnnConv.run did
-NOT_RUN, CONV_ONLY, FUSED = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,7 @@ class ConvSpec:
     strides: tuple[int, ...]
     dilations: tuple[int, ...]
     bias: bool = False
+    residual: bool = False  # + Z, a tensor of y's shape (FusedConv's fourth input)
     relu: bool = False
 
 
@@ -84,6 +94,76 @@ def _contiguous(dims: list[int]) -> list[int]:
     for i in range(len(dims) - 2, -1, -1):
         out[i] = out[i + 1] * max(dims[i + 1], 1)
     return out
+
+
+def cache_folder(option: str) -> str | None:
+    """The tuning cache's folder: the provider option, else $ONNXPLUG_CACHE_DIR, else the user's
+    cache folder; None when turned off."""
+    value = option or os.environ.get("ONNXPLUG_CACHE_DIR")
+    if value is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "onnxplug")
+    if value.strip().lower() in ("", "0", "off", "none", "false"):
+        return None
+    return os.path.expanduser(value)
+
+
+class TuningCache:
+    """Autotune results of one device and library set, on disk between processes: a JSON object
+    of key -> result, read once and written back (merged with what other processes wrote, by an
+    atomic rename) at exit."""
+
+    def __init__(self, folder: str | None, fingerprint: str):
+        digest = hashlib.sha1(fingerprint.encode()).hexdigest()[:16]
+        self.path = os.path.join(folder, f"cudnn-conv-{digest}.json") if folder else None
+        self.fingerprint = fingerprint
+        self.entries: dict[str, Any] = self._read() if self.path else {}
+        self.new: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            with open(self.path) as fh:  # type: ignore[arg-type]
+                data = json.load(fh)
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("fingerprint") != self.fingerprint:
+            return {}
+        entries = data.get("entries")
+        return entries if isinstance(entries, dict) else {}
+
+    def get(self, key: str) -> Any:
+        return self.entries.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        if self.path is None:
+            return
+        with self._lock:
+            self.entries[key] = self.new[key] = value
+            if not self._registered:
+                self._registered = True
+                atexit.register(self.flush)
+
+    def flush(self) -> None:
+        """Write the new entries (best effort: a cache that cannot be written is no cache)."""
+        with self._lock:
+            if self.path is None or not self.new:
+                return
+            try:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                entries = {**self._read(), **self.new}
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
+                with os.fdopen(fd, "w") as fh:
+                    json.dump({"fingerprint": self.fingerprint, "entries": entries}, fh)
+                os.replace(tmp, self.path)
+                self.new.clear()
+            except OSError as e:
+                warnings.warn(
+                    f"onnxplug-cuda: cannot write the tuning cache {self.path}: {e}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
 
 class _Graph:
@@ -119,6 +199,7 @@ class CudnnConv:
         if BF16 is not None:
             self._io[BF16] = dt.BFLOAT16
         self._graphs: OrderedDict[tuple, _Graph | None] = OrderedDict()
+        self.cache = TuningCache(cache_folder(o.tuning_cache_dir), _fingerprint(cudnn, ep.ordinal))
         self._lock = threading.Lock()
         self._warned: set[str] = set()
 
@@ -128,22 +209,21 @@ class CudnnConv:
             warnings.warn(f"onnxplug-cuda: {msg}", RuntimeWarning, stacklevel=3)
 
     # per call ---------------------------------------------------------------------------------
-    def run(self, ctx: Any, spec: ConvSpec, x: Any, w: Any, b: Any, y: Any) -> int:
-        """Run the convolution on cuDNN. Returns FUSED when the graph also did the spec's bias
-        and ReLU, CONV_ONLY when only the convolution ran (the fused graph is unsupported; the
-        caller adds bias and ReLU), NOT_RUN when cuDNN cannot (the caller falls back)."""
+    def run(self, ctx: Any, spec: ConvSpec, x: Any, w: Any, b: Any, y: Any, z: Any = None) -> bool:
+        """Run ``spec``'s graph on cuDNN (with its bias ``b`` and residual ``z`` when it has
+        them); False when cuDNN cannot (the caller does it another way)."""
         ptrs = {_UID_X: int(x.data.ptr), _UID_W: int(w.data.ptr), _UID_Y: int(y.data.ptr)}
+        if spec.bias:
+            ptrs[_UID_B] = int(b.data.ptr)
+        if spec.residual:
+            ptrs[_UID_Z] = int(z.data.ptr)
         if any(p % 16 for p in ptrs.values()):
-            return NOT_RUN  # engines assume 16-byte aligned tensors
-        if spec.bias or spec.relu:
-            if spec.bias:
-                ptrs[_UID_B] = int(b.data.ptr)
-            if ptrs.get(_UID_B, 0) % 16 == 0 and self._execute(ctx, spec, ptrs):
-                stats["fused"] += 1
-                return FUSED
-            ptrs.pop(_UID_B, None)
-            spec = dataclasses.replace(spec, bias=False, relu=False)
-        return CONV_ONLY if self._execute(ctx, spec, ptrs) else NOT_RUN
+            return False  # engines assume 16-byte aligned tensors
+        if not self._execute(ctx, spec, ptrs):
+            return False
+        if spec.bias or spec.residual or spec.relu:
+            stats["fused"] += 1
+        return True
 
     def _execute(self, ctx: Any, spec: ConvSpec, ptrs: dict[int, int]) -> bool:
         key = (self.ordinal, spec)
@@ -240,6 +320,11 @@ class CudnnConv:
             out = g.bias(input=out, bias=B, compute_data_type=comp, name="bias")
             out.set_dim(yd)
             out.set_stride(ystride)
+        if spec.residual:
+            Z = g.tensor(name="Z", dim=yd, stride=ystride, data_type=io, uid=_UID_Z)
+            out = g.add(a=out, b=Z, compute_data_type=comp, name="residual")
+            out.set_dim(yd)
+            out.set_stride(ystride)
         if spec.relu:
             out = g.relu(input=out, compute_data_type=comp, name="relu")
             out.set_dim(yd)
@@ -261,12 +346,18 @@ class CudnnConv:
             g.deselect_workspace_greater_than(LIMITED_WORKSPACE)
         g.check_support()
         exhaustive = self.algo == _EXHAUSTIVE
-        g.build_plans(
-            cudnn.build_plan_policy.ALL if exhaustive else cudnn.build_plan_policy.HEURISTICS_CHOICE
-        )
-        best = None
-        if exhaustive and g.get_execution_plan_count() > 1 and not ctx.stream.is_capturing():
-            best = self._autotune(ctx, g, ptrs)
+        key = repr((spec, self.use_tf32, self.max_workspace, self.nc1d))
+        best = self._cached_plan(g, key) if exhaustive else None
+        if best is None:
+            g.build_plans(
+                cudnn.build_plan_policy.ALL
+                if exhaustive
+                else cudnn.build_plan_policy.HEURISTICS_CHOICE
+            )
+            if exhaustive and g.get_execution_plan_count() > 1 and not ctx.stream.is_capturing():
+                best = self._autotune(ctx, g, ptrs)
+                if best is not None:
+                    self._remember(g, key, best)
         ws = int(g.get_workspace_size())
         if best is not None:
             ws = max(ws, int(g.get_workspace_size_plan_at_index(best)))
@@ -281,6 +372,31 @@ class CudnnConv:
             except Exception:
                 order = None
         return _Graph(g, ws, best, order)
+
+    def _cached_plan(self, g: Any, key: str) -> int | None:
+        """The tuning cache's plan for this graph, built (the only plan built); None when the
+        cache has none or it does not match this graph's candidates."""
+        hit = self.cache.get(key)
+        if not isinstance(hit, list) or len(hit) != 3:
+            return None
+        index, count, name = hit
+        try:
+            if g.get_execution_plan_count() != count:
+                return None
+            g.build_plan_at_index(index)
+            if g.get_plan_name_at_index(index) != name:
+                return None
+        except Exception:
+            return None
+        stats["tuning_cache_hits"] += 1
+        return int(index)
+
+    def _remember(self, g: Any, key: str, best: int) -> None:
+        try:
+            name = g.get_plan_name_at_index(best)
+            self.cache.put(key, [best, int(g.get_execution_plan_count()), str(name)])
+        except Exception:
+            pass  # a plan without a name is tuned again in the next process
 
     def _autotune(self, ctx: Any, g: Any, ptrs: dict[int, int]) -> int | None:
         """Time every built plan on the real buffers; the index of the fastest."""
@@ -327,6 +443,19 @@ class CudnnConv:
         stream.synchronize()
         del ws
         return best
+
+
+def _fingerprint(cudnn: Any, ordinal: int) -> str:
+    """What a tuning result depends on besides the graph: device, driver and library versions."""
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(ordinal)
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return (
+        f"{name} sm{props['major']}{props['minor']} driver {cupy.cuda.runtime.driverGetVersion()}"
+        f" cudnn {cudnn.backend_version()} frontend {getattr(cudnn, '__version__', '?')}"
+    )
 
 
 _MISSING = object()

@@ -62,6 +62,10 @@ def _enum(names: Mapping[str, int]) -> Callable[[str, str], int]:
     return parse
 
 
+def _text(key: str, v: str) -> str:
+    return str(v)
+
+
 def _pointer(key: str, v: str) -> int:
     try:
         n = int(v.strip(), 0)
@@ -135,6 +139,12 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("use_ep_level_unified_stream", _bool, False, doc="one stream for every run"),
     OptionSpec("use_tf32", _bool, True, doc="allow TF32 math for float32"),
     OptionSpec("fuse_conv_bias", _bool, False, doc="fuse Conv+bias(+activation) in cuDNN"),
+    OptionSpec(
+        "tuning_cache_dir",
+        _text,
+        "",
+        doc="folder of the on-disk autotune cache ('off': none; default $ONNXPLUG_CACHE_DIR)",
+    ),
     OptionSpec("sdpa_kernel", _int(0, SDPA_KERNEL_BITS), 0, doc="attention backend bitmask"),
     OptionSpec(
         "has_user_compute_stream",
@@ -178,6 +188,7 @@ class CudaOptions:
     use_ep_level_unified_stream: bool = False
     use_tf32: bool = True
     fuse_conv_bias: bool = False
+    tuning_cache_dir: str = ""
     sdpa_kernel: int = 0
     has_user_compute_stream: bool = False
     user_compute_stream: int = 0

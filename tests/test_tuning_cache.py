@@ -1,0 +1,106 @@
+"""The CUDA plugin's on-disk autotune cache (onnxplug_cuda.dnn.TuningCache): where it lives, how
+it is turned off, that results survive a process and that a stale or foreign result is ignored.
+Runs on the host: the cuDNN graph is a stand-in with the frontend's plan-list methods."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from onnxplug_cuda import dnn
+
+
+def test_folder_option_then_environment_then_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("ONNXPLUG_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert dnn.cache_folder("") == str(tmp_path / "xdg" / "onnxplug")
+    monkeypatch.setenv("ONNXPLUG_CACHE_DIR", str(tmp_path / "env"))
+    assert dnn.cache_folder("") == str(tmp_path / "env")
+    assert dnn.cache_folder(str(tmp_path / "opt")) == str(tmp_path / "opt")
+    for off in ("off", "OFF", "0", "none"):
+        assert dnn.cache_folder(off) is None
+    monkeypatch.setenv("ONNXPLUG_CACHE_DIR", "")
+    assert dnn.cache_folder("") is None
+
+
+def test_results_survive_the_process_and_merge_with_other_writers(tmp_path):
+    a = dnn.TuningCache(str(tmp_path), "H100 sm90 cudnn 91900")
+    a.put("k1", [3, 10, "plan3"])
+    b = dnn.TuningCache(str(tmp_path), "H100 sm90 cudnn 91900")
+    b.put("k2", [0, 4, "plan0"])
+    a.flush()
+    b.flush()  # merges with what a wrote
+    c = dnn.TuningCache(str(tmp_path), "H100 sm90 cudnn 91900")
+    assert c.get("k1") == [3, 10, "plan3"] and c.get("k2") == [0, 4, "plan0"]
+    # another device or library version reads nothing of it
+    assert dnn.TuningCache(str(tmp_path), "A100 sm80 cudnn 91900").get("k1") is None
+
+
+def test_written_at_exit(tmp_path):
+    code = (
+        "from onnxplug_cuda import dnn\n"
+        f"dnn.TuningCache({str(tmp_path)!r}, 'fp').put('k', [1, 2, 'p'])\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert dnn.TuningCache(str(tmp_path), "fp").get("k") == [1, 2, "p"]
+
+
+def test_turned_off_writes_nothing(tmp_path):
+    c = dnn.TuningCache(None, "fp")
+    c.put("k", [0, 1, "p"])
+    c.flush()
+    assert c.get("k") is None and list(tmp_path.iterdir()) == []
+
+
+def test_unreadable_file_is_an_empty_cache(tmp_path):
+    c = dnn.TuningCache(str(tmp_path), "fp")
+    with open(c.path, "w") as fh:
+        fh.write("{not json")
+    assert dnn.TuningCache(str(tmp_path), "fp").get("k") is None
+    c.put("k", [0, 1, "p"])
+    c.flush()
+    with open(c.path) as fh:
+        assert json.load(fh)["entries"] == {"k": [0, 1, "p"]}
+
+
+class _PlanList:
+    """The frontend graph's plan-list methods the cache uses."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.built: list[int] = []
+
+    def get_execution_plan_count(self) -> int:
+        return len(self.names)
+
+    def build_plan_at_index(self, i: int) -> None:
+        self.built.append(i)
+
+    def get_plan_name_at_index(self, i: int) -> str:
+        return self.names[i]
+
+
+@pytest.fixture
+def engine(tmp_path):
+    eng = object.__new__(dnn.CudnnConv)  # no cuDNN here: only the cache half of the engine
+    eng.cache = dnn.TuningCache(str(tmp_path), "fp")
+    return eng
+
+
+def test_a_cached_plan_is_the_only_one_built(engine):
+    g = _PlanList(["eng0", "eng1", "eng2"])
+    engine._remember(g, "conv", 2)
+    again = _PlanList(["eng0", "eng1", "eng2"])
+    hits = dnn.stats["tuning_cache_hits"]
+    assert engine._cached_plan(again, "conv") == 2
+    assert again.built == [2] and dnn.stats["tuning_cache_hits"] == hits + 1
+
+
+@pytest.mark.parametrize("names", [["eng0", "eng1"], ["eng0", "eng1", "other"]])
+def test_a_stale_plan_is_ignored(engine, names):
+    engine._remember(_PlanList(["eng0", "eng1", "eng2"]), "conv", 2)
+    assert engine._cached_plan(_PlanList(names), "conv") is None
+    assert engine._cached_plan(_PlanList(names), "another graph") is None
