@@ -5,12 +5,21 @@ Runs on the host: the cuDNN graph is a stand-in with the frontend's plan-list me
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from onnxplug_cuda import dnn
+
+# a child process finds the plugin where this one does (tests/conftest.py may have put it there)
+PLUGIN_PATH = os.path.dirname(os.path.dirname(os.path.abspath(dnn.__file__)))
+
+
+def _env(*first: str) -> dict[str, str]:
+    path = os.pathsep.join([*first, PLUGIN_PATH, os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
 
 
 def test_folder_option_then_environment_then_user_cache(monkeypatch, tmp_path):
@@ -44,7 +53,7 @@ def test_written_at_exit(tmp_path):
         "from onnxplug_cuda import dnn\n"
         f"dnn.TuningCache({str(tmp_path)!r}, 'fp').put('k', [1, 2, 'p'])\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env())
     assert dnn.TuningCache(str(tmp_path), "fp").get("k") == [1, 2, "p"]
 
 
@@ -104,3 +113,23 @@ def test_a_stale_plan_is_ignored(engine, names):
     engine._remember(_PlanList(["eng0", "eng1", "eng2"]), "conv", 2)
     assert engine._cached_plan(_PlanList(names), "conv") is None
     assert engine._cached_plan(_PlanList(names), "another graph") is None
+
+
+def test_cudnn_is_imported_without_importing_torch(tmp_path):
+    """cuDNN frontend 1.25 imports torch eagerly (seconds of a cold start); import_cudnn blocks
+    it for that import only: torch imports normally afterwards."""
+    (tmp_path / "cudnn").mkdir()
+    (tmp_path / "cudnn" / "__init__.py").write_text(
+        "try:\n    import torch\nexcept ImportError:\n    torch = None\n"
+    )
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    code = (
+        "import sys\n"
+        "from onnxplug_cuda.dnn import import_cudnn\n"
+        "cudnn = import_cudnn()\n"
+        "assert cudnn.torch is None and 'torch' not in sys.modules\n"
+        "import torch\n"
+        "assert torch.__file__.startswith(sys.argv[1])\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env=_env(str(tmp_path)))

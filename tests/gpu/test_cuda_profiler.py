@@ -49,6 +49,8 @@ def _session(tmp_path: Path, options: dict | None = None) -> ox.InferenceSession
     so = ox.SessionOptions()
     so.enable_profiling = True
     so.profile_file_prefix = str(tmp_path / "prof")
+    # basic level: Conv and Sigmoid stay two nodes (extended fuses them into one FusedConv)
+    so.graph_optimization_level = ox.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return ox.InferenceSession(_model(), so, providers=[(CUDA, options or {}), CPU])
 
 

@@ -47,6 +47,7 @@ import atexit
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import threading
 import warnings
@@ -66,6 +67,7 @@ LIMITED_WORKSPACE = 32 << 20
 _MAX_GRAPHS = 512
 _UID_X, _UID_W, _UID_B, _UID_Y, _UID_Z = 1, 2, 3, 4, 5
 _EXHAUSTIVE, _HEURISTIC, _DEFAULT = 0, 1, 2
+_F64 = np.dtype(np.float64)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,25 @@ def _contiguous(dims: list[int]) -> list[int]:
     for i in range(len(dims) - 2, -1, -1):
         out[i] = out[i + 1] * max(dims[i + 1], 1)
     return out
+
+
+def import_cudnn() -> Any:
+    """The cuDNN frontend, imported without importing torch: its ``cudnn/wrapper.py`` (1.25)
+    imports torch eagerly when it is installed, which made a session's creation seconds slower
+    in a process without torch; the graph API used here never needs it. torch is blocked only
+    during that import (``wrapper`` then sees it missing, as its own ``except ImportError``
+    allows) and imports normally afterwards; a process that has torch already is unaffected."""
+    if "cudnn" in sys.modules or "torch" in sys.modules:
+        import cudnn
+
+        return cudnn
+    sys.modules["torch"] = None  # type: ignore[assignment]  # "import torch" raises ImportError
+    try:
+        import cudnn
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+    return cudnn
 
 
 def cache_folder(option: str) -> str | None:
@@ -181,8 +202,7 @@ class CudnnConv:
     """cuDNN frontend graphs for Conv/ConvTranspose on one device, with the EP's options."""
 
     def __init__(self, ep: Any):
-        import cudnn
-
+        cudnn = import_cudnn()
         self.cudnn = cudnn
         o = ep.options
         self.ordinal = ep.ordinal
@@ -212,6 +232,11 @@ class CudnnConv:
     def run(self, ctx: Any, spec: ConvSpec, x: Any, w: Any, b: Any, y: Any, z: Any = None) -> bool:
         """Run ``spec``'s graph on cuDNN (with its bias ``b`` and residual ``z`` when it has
         them); False when cuDNN cannot (the caller does it another way)."""
+        if spec.dtype == _F64:
+            # float64 convolution graphs without a pointwise op compute wrong values on
+            # cuDNN 9.19 + frontend 1.25 (H100; every algorithm mode, errors of 10 to 1e295,
+            # scripts/debug/conv64.py): float64 takes the GEMM path, which is exact.
+            return False
         ptrs = {_UID_X: int(x.data.ptr), _UID_W: int(w.data.ptr), _UID_Y: int(y.data.ptr)}
         if spec.bias:
             ptrs[_UID_B] = int(b.data.ptr)

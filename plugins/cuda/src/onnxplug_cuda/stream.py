@@ -153,7 +153,9 @@ class CudaSyncStream(SyncStream):
         if self._cudnn is None:
             if not self.enable_cudnn:
                 raise RuntimeError("cuDNN is disabled (enable_cudnn=0)")
-            import cudnn
+            from .dnn import import_cudnn
+
+            cudnn = import_cudnn()
 
             with DeviceGuard(self.ordinal):
                 h = cudnn.create_handle()
