@@ -76,6 +76,16 @@ def virt_b() -> Iterator[vd.VirtualDeviceFactory]:
         yield f
 
 
+@pytest.fixture(params=[1, 2], ids=["api1", "api2"])
+def virt_old_api(request: pytest.FixtureRequest) -> Iterator[vd.VirtualDeviceFactory]:
+    """The virtual device of a plugin written against plugin API 1 (``virt:3``,
+    VirtualDeviceApi1ExecutionProvider) or 2 (``virt:4``, VirtualDeviceApi2ExecutionProvider):
+    no kernel sync stream; shared BFC arena. The factory's ``name`` is the provider's."""
+    name, target = {1: (vd.API1_NAME, "api1"), 2: (vd.API2_NAME, "api2")}[request.param]
+    with registered(name, f"{VIRT}:create_{target}_factory") as f:
+        yield f
+
+
 @pytest.fixture
 def virt_arena() -> Iterator[vd.VirtualDeviceFactory]:
     """The virtual device ``virt:2`` whose sessions share one BFC arena

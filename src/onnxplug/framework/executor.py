@@ -131,6 +131,9 @@ class StepSpec:
     ep_key: str | None  # provider whose stream the kernel runs on (None: host)
     release: tuple[int, ...] = ()
     foldable: bool = False  # output depends only on input shapes and constants
+    # The kernel's provider has the kernel sync stream (plugin API 3): its workspaces are
+    # tagged with its stream. False: onnxruntime's fallback, an untagged workspace.
+    sync_stream: bool = True
 
 
 @dataclass
@@ -384,7 +387,8 @@ class GraphRunner:
             dev0 = spec.out_devices[0] if spec.out_devices else None
             cache = f.scratch.get(dev0) if dev0 is not None else None
             if cache is not None:
-                scratch = _scratch_fn(cache.workspaces, stream)
+                ws = cache.workspaces if spec.sync_stream else cache.untagged_workspaces
+                scratch = _scratch_fn(ws, stream)
             ctx = KernelContext(
                 values,
                 spec.in_slots,
@@ -395,8 +399,10 @@ class GraphRunner:
                 scratch,
                 stream,
             )
+            if not spec.sync_stream:
+                ctx._sync_stream = None
             if cache is not None:
-                ctx._workspace = cache.stack(stream)
+                ctx._workspace = cache.stack(stream, spec.sync_stream)
             f.ctxs.append(ctx)
             release: tuple[int, ...] = ()
             if recorder is None:  # a recording run releases as it records

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
-from ..ep.api import Ep, EpDevice, SessionConfig, supports
+from ..ep.api import Ep, EpDevice, SessionConfig, has_kernel_sync_stream, supports
 from ..errors import Fail, InvalidArgument, InvalidGraph, OnnxPlugError
 from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
@@ -473,8 +473,12 @@ class InferenceSession:
         if capturing:
             runner.capture = GraphCapture(runner, capturing, self._graph_cache_size())
         # onnxruntime serialises the runs of a session whose providers cannot run
-        # concurrently (a unified stream, a user's stream)
-        serial = not all(ep.is_concurrent_run_supported() for ep in self._eps)
+        # concurrently (a unified stream, a user's stream), and of a device provider written
+        # against a plugin API without the kernel sync stream (its workspaces are untagged)
+        serial = not all(
+            ep.is_concurrent_run_supported() and (ep.device.is_cpu or has_kernel_sync_stream(ep))
+            for ep in self._eps
+        )
         self._run_lock: threading.Lock | None = threading.Lock() if serial else None
         self._input_checks = [_TensorCheck.of(vi.name, vi.type) for vi in self._feed_vis]
         # overridable initializers' stored values, placed once where the runner wants them
