@@ -50,7 +50,14 @@ from .devices import (
 )
 from .environment import Environment, get_environment
 from .memory import SHRINK_RUN_KEY, USE_ENV_ALLOCATORS_KEY, SessionAllocators
-from .options import ExecutionMode, RunOptions, SessionOptions
+from .options import (
+    ExecutionMode,
+    RunOptions,
+    SessionOptions,
+    describe_object_option,
+    is_object_option,
+    option_value,
+)
 from .value import OrtValue, fresh_outputs, to_numpy, unwrap
 
 CPU_EP = "CPUExecutionProvider"
@@ -287,10 +294,10 @@ class InferenceSession:
             ep_config = dict(config)
             objects: dict[str, Any] = {}
             for key, value in po.items():
-                if callable(value):  # e.g. an external allocator's callbacks
+                if is_object_option(value):  # an external allocator's callback, a stream
                     objects[prefix + key] = value
-                    value = f"<python callable {getattr(value, '__qualname__', '')}>"
-                ep_config[prefix + key] = _opt_str(value)
+                    value = describe_object_option(value)
+                ep_config[prefix + key] = option_value(value)
             self._env.ensure_transfer(factory)
             try:
                 ep = factory.create_ep(list(devices), SessionConfig(ep_config, objects))
@@ -1066,16 +1073,8 @@ def _provider_requests(
             raise InvalidArgument(f"provider entry {p!r} must be a name or (name, options)")
         if provider_options is not None:
             po.update(provider_options[k] or {})
-        requests.append((name, {str(a): _opt_str(b) for a, b in po.items()}, None))
+        requests.append((name, {str(a): option_value(b) for a, b in po.items()}, None))
     return requests
-
-
-def _opt_str(v: Any) -> Any:
-    """A provider option value as a string; a callable (an external allocator's callback)
-    stays itself."""
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    return v if callable(v) else str(v)
 
 
 def _type_name(dt: np.dtype) -> str:

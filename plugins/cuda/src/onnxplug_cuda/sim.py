@@ -36,7 +36,17 @@ SIM_TYPE = "cudasim"
 
 
 class SimStream(ImmediateStream):
-    """Work runs at once on the host, so there is nothing to wait for."""
+    """Work runs at once on the host, so there is nothing to wait for. Its ``handle`` is the
+    user's stream handle for a user's stream (``user_compute_stream``), else a number of its
+    own, so that tests can see which stream a run used."""
+
+    def __init__(self, device: Device, user_handle: int | None = None):
+        super().__init__(device)
+        self._handle = id(self) if user_handle is None else int(user_handle)
+
+    @property
+    def handle(self) -> int:
+        return self._handle
 
     def flush(self) -> None:
         counters.bump(counters.HOST_SYNCS)  # what the real stream's synchronise would be
@@ -127,7 +137,7 @@ class CudaSimEpFactory(CudaEpFactory):
     def _new_stream(
         self, ep: Any, user_handle: int | None, on_close: Any, shared: bool
     ) -> SimStream:
-        s = SimStream(ep.device)
+        s = SimStream(ep.device, user_handle)
         s.frame_owned = not shared
         return s
 
