@@ -325,6 +325,27 @@ class EpFactory(ABC):
     def create_sync_stream(self, memory_info: MemoryInfo) -> SyncStream | None:
         return None
 
+    # DLPack: tensors in this provider's memory exchanged with other libraries ----------------
+    #: The DLPack ``DLDeviceType`` of this provider's device memory (``onnxplug.ep.dlpack``:
+    #: ``CUDA`` = 2, ...), with the device ordinal as DLPack's device id. None: its tensors are
+    #: exported as host memory when the device is host accessible, else not at all, and no
+    #: DLPack tensor is imported into it.
+    dlpack_device_type: int | None = None
+
+    def dlpack_import_stream(self, device: Device) -> SyncStream | None:
+        """The stream a DLPack producer is asked to order its pending work on when a tensor is
+        imported into ``device`` (its handle is ``__dlpack__``'s ``stream`` argument). The host
+        then activates a notification on it, which every later reader of the tensor waits for.
+        None: the producer is asked for nothing (``stream=None``: the legacy default stream on
+        CUDA)."""
+        return None
+
+    def device_id_of(self, ptr: int) -> int | None:
+        """The ordinal of this provider's device whose memory ``ptr`` points into, for tensors
+        that come without a device (``__cuda_array_interface__``); None: not this provider's
+        memory."""
+        return None
+
 
 __all__ = [
     "API_VERSION",

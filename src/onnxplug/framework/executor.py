@@ -61,6 +61,7 @@ from .profiler import (
     type_shapes,
 )
 from .scratch import FrameScratch, enter_scratch, exit_scratch
+from .stream import await_ready
 
 _ALIGN = 256
 _FOLD_MAX_ELEMENTS = 1 << 16
@@ -818,6 +819,8 @@ class GraphRunner:
             key = self._feed_streams[k]
             stream = frame.streams.get(key) if key is not None else None
             buf = bufs[k] if bufs else None
+            if isinstance(v, DeviceTensor) and v.ready is not None:
+                await_ready(v, stream)  # imported: its producer's work comes first
             if isinstance(v, DeviceTensor) and v.device == dev:
                 if buf is not None and graph_mode and v is not buf and v.shape == buf.shape:
                     # a graph reads the buffer: copy (bound once for a value bound once,
@@ -887,6 +890,7 @@ class GraphRunner:
                     plan.transfer.copy(v, dst, stream)
                     outs[i] = dst
             else:  # a destination to copy into (an IOBinding's bound value)
+                await_ready(mode, stream)  # imported: its producer may still be using it
                 got = (tuple(getattr(v, "shape", ())), getattr(v, "dtype", None))
                 if got != (tuple(mode.shape), mode.dtype):
                     name = plan.slot_names[plan.output_slots[i]]
@@ -1170,6 +1174,7 @@ def _close_streams(frame: Frame) -> None:
 
 
 def _to_host(v: DeviceTensor, plan: ExecutionPlan) -> np.ndarray:
+    await_ready(v, None)
     return place(v, CPU, plan.transfer, {})
 
 

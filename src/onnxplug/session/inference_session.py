@@ -29,6 +29,7 @@ from onnx import ModelProto
 
 from ..ep.api import Ep, EpDevice, SessionConfig, has_kernel_sync_stream, supports
 from ..errors import Fail, InvalidArgument, InvalidGraph, OnnxPlugError
+from ..framework import dlpack
 from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
@@ -58,7 +59,14 @@ from .options import (
     is_object_option,
     option_value,
 )
-from .value import OrtValue, fresh_outputs, to_numpy, unwrap
+from .value import (
+    OrtValue,
+    fresh_outputs,
+    import_cuda_array,
+    import_dlpack,
+    to_numpy,
+    unwrap,
+)
 
 CPU_EP = "CPUExecutionProvider"
 # session config key: a requested provider that cannot be used is an error, not a warning
@@ -970,10 +978,20 @@ def _coerce_tensor(name: str, value: Any, check: _TensorCheck) -> Any:
             value = np.asarray(value)  # a numpy scalar keeps its dtype
         elif isinstance(value, _PY_LITERALS):
             value = _from_python(name, value, dt)
+        elif hasattr(value, "__dlpack__") or dlpack.is_capsule(value):
+            try:  # a PyTorch/CuPy/JAX tensor: used in place, where it is
+                value = import_dlpack(value)
+            except (InvalidArgument, TypeError, BufferError) as e:
+                raise InvalidArgument(f"input '{name}': {e}") from e
+        elif hasattr(value, "__cuda_array_interface__"):
+            try:
+                value = import_cuda_array(value)
+            except (InvalidArgument, TypeError, KeyError, ValueError) as e:
+                raise InvalidArgument(f"input '{name}': {e}") from e
         else:
             raise InvalidArgument(
-                f"input '{name}' must be a numpy array, an OrtValue or a Python number or "
-                f"list, not {type(value).__name__}"
+                f"input '{name}' must be a numpy array, an OrtValue, an object with __dlpack__ "
+                f"or a Python number or list, not {type(value).__name__}"
             )
     if isinstance(value, np.ndarray) and value.dtype.kind in "US":
         value = value.astype(object)  # string tensors are object arrays

@@ -19,6 +19,8 @@ from onnxplug.ep import (
     MemoryInfo,
     SessionConfig,
     SharedArenas,
+    SyncStream,
+    dlpack,
     supports,
 )
 
@@ -152,6 +154,9 @@ class VirtualDeviceFactory(EpFactory):
     vendor = VENDOR
     vendor_id = VENDOR_ID
     version = "1.0.0"
+    # DLPack's test device type: virtual-device tensors go to and from other libraries (the
+    # test stand-in ``foreign.VirtArray``) as device memory, never as host memory
+    dlpack_device_type = dlpack.EXT_DEV
 
     def __init__(
         self,
@@ -173,6 +178,7 @@ class VirtualDeviceFactory(EpFactory):
         # Set by a test: called at the start of every kernel's queued work, on the thread
         # that runs it (to see which device work overlaps, or make concurrent runs meet).
         self.rendezvous: Callable[[], None] | None = None
+        self._import_stream: VirtStream | None = None
 
     def get_supported_devices(self, hardware: list[HardwareDevice]) -> list[EpDevice]:
         # the host only discovers the CPU: the plugin enumerates its own device
@@ -229,3 +235,10 @@ class VirtualDeviceFactory(EpFactory):
 
     def create_sync_stream(self, memory_info: MemoryInfo) -> VirtStream:
         return VirtStream(self.device, self.stats)
+
+    def dlpack_import_stream(self, device: Device) -> SyncStream | None:
+        if device != self.device:
+            return None
+        if self._import_stream is None:
+            self._import_stream = VirtStream(self.device, self.stats)
+        return self._import_stream

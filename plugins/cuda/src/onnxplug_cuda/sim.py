@@ -114,6 +114,13 @@ class CudaSimEpFactory(CudaEpFactory):
     name = SIM_NAME
     vendor = "onnxplug"
     device_type = SIM_TYPE
+    dlpack_device_type = None  # host memory: exchanged through DLPack as host memory
+
+    def dlpack_import_stream(self, device: Device) -> Any:
+        return None
+
+    def device_id_of(self, ptr: int) -> int | None:
+        return None
 
     def probe(self) -> tuple[list[CudaDeviceInfo], str | None]:
         return [CudaDeviceInfo(0, "host-simulated CUDA device", 9, 0, 1 << 34, 1)], None

@@ -1,0 +1,322 @@
+"""DLPack interop: OrtValue.from_dlpack / to_dlpack / __dlpack__ / __dlpack_device__, DLPack
+objects as run() and IOBinding inputs, used in place.
+
+Host memory is tested against numpy's DLPack and onnxruntime's OrtValue; device memory on the
+virtual device, whose stand-in for another library's tensors (``foreign.VirtArray``) queues
+its writes on a stream of its own: a missing stream handshake reads poisoned memory (NaN).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import onnxplug as ox
+from onnxplug.errors import InvalidArgument
+from onnxplug.framework import dlpack
+from tests.plugins import virtual_device as vd
+from tests.plugins.graphs import make_model, node, tensor
+from tests.plugins.virtual_device.foreign import VirtArray
+
+CPU = "CPUExecutionProvider"
+
+
+class HostTensor:
+    """Another library's CPU tensor: speaks DLPack only (no __array__ a copy could use)."""
+
+    def __init__(self, arr: np.ndarray):
+        self._arr = arr
+
+    def __dlpack__(self, *, stream=None, **kwargs):
+        return self._arr.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._arr.__dlpack_device__()
+
+
+def _relu_model() -> bytes:
+    return make_model(
+        [node("Relu", ["x"], ["y"])], [tensor("x", ["N", 4])], [tensor("y", ["N", 4])]
+    )
+
+
+def _spy_inputs(sess: ox.InferenceSession, op: str) -> list[int]:
+    """The address of input 0 of every call of ``op``'s kernel."""
+    seen: list[int] = []
+    (step,) = [s for s in sess._runner.plan.steps if s.info.op_type == op]
+    kernel, compute = step.kernel, step.kernel.compute
+
+    def spy(ctx):
+        x = ctx.input(0)
+        seen.append(x.ptr if hasattr(x, "ptr") else x.ctypes.data)
+        compute(ctx)
+
+    kernel.compute = spy
+    return seen
+
+
+# ---------------------------------------------------------------------------------------------
+# the capsule format
+
+
+DTYPES = [
+    np.float32,
+    np.float64,
+    np.float16,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.bool_,
+    np.complex64,
+    np.complex128,
+    ml_dtypes.bfloat16,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e5m2,
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    shape=st.lists(st.integers(0, 4), min_size=0, max_size=4).map(tuple),
+)
+def test_export_then_import_keeps_address_shape_and_dtype(dtype, shape):
+    a = np.zeros(shape, dtype)
+    owner = object()
+    cap = dlpack.to_capsule(a.ctypes.data, a.shape, a.dtype, dlpack.CPU, 0, owner)
+    imp = dlpack.from_capsule(cap)
+    assert (imp.ptr, imp.shape, imp.dtype) == (a.ctypes.data if a.size else imp.ptr, shape, a.dtype)
+    assert imp.is_contiguous and not imp.readonly
+    with pytest.raises(TypeError, match="already consumed"):
+        dlpack.from_capsule(cap)
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d.__module__ == "numpy"])
+def test_numpy_reads_our_capsules_and_we_read_numpys(dtype):
+    a = np.arange(6).astype(dtype).reshape(2, 3)
+    v = ox.OrtValue.from_dlpack(a)
+    assert v.data_ptr() == a.ctypes.data
+    b = np.from_dlpack(v)
+    assert b.ctypes.data == a.ctypes.data and b.dtype == a.dtype
+    np.testing.assert_array_equal(b, a)
+    for cap in (a.__dlpack__(), a.__dlpack__(max_version=(1, 0))):  # legacy and 1.x capsules
+        imp = dlpack.from_capsule(cap)
+        assert (imp.ptr, imp.shape, imp.dtype) == (a.ctypes.data, a.shape, a.dtype)
+
+
+def test_strides_and_read_only_flags_are_read():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    imp = dlpack.from_capsule(a[:, ::2].__dlpack__())
+    assert imp.strides == (4, 2) and not imp.is_contiguous
+    ro = a.copy()
+    ro.flags.writeable = False
+    assert dlpack.from_capsule(ro.__dlpack__(max_version=(1, 0))).readonly
+    v = ox.OrtValue.from_dlpack(ro)  # asked for as DLPack 1.x, which says read-only
+    assert v.data_ptr() == ro.ctypes.data and not v.numpy().flags.writeable
+    strided = ox.OrtValue.from_dlpack(a[:, ::2])  # host tensors keep their strides
+    assert strided.data_ptr() == a.ctypes.data
+    np.testing.assert_array_equal(strided.numpy(), a[:, ::2])
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])
+def test_host_tensors_of_dtypes_numpy_cannot_share_go_through_our_capsules(dtype):
+    # onnxruntime exchanges bfloat16 and float8 through DLPack; numpy refuses them
+    a = np.arange(6).astype(dtype).reshape(3, 2)
+    v = ox.OrtValue.ortvalue_from_numpy(a)
+    back = ox.OrtValue.from_dlpack(v)  # our capsule, our reader
+    assert back.data_ptr() == a.ctypes.data and back.numpy().dtype == a.dtype
+    np.testing.assert_array_equal(back.numpy().astype(np.float32), a.astype(np.float32))
+
+
+def test_an_unconsumed_capsule_releases_the_tensor(virt):
+    before = dlpack.exported_count()
+    v = ox.OrtValue.ortvalue_from_numpy(np.arange(4, dtype=np.float32), "virt", 0)
+    cap = v.to_dlpack()
+    assert dlpack.exported_count() == before + 1
+    del cap  # never consumed: the capsule releases it
+    gc.collect()
+    assert dlpack.exported_count() == before
+
+
+def test_unsupported_dtypes_and_foreign_objects_are_named():
+    with pytest.raises(TypeError, match="int4"):
+        dlpack.dl_dtype(ml_dtypes.int4)
+    with pytest.raises(InvalidArgument, match="DLPack"):
+        ox.OrtValue.from_dlpack(object())
+
+
+# ---------------------------------------------------------------------------------------------
+# onnxruntime's OrtValue, both ways (comparison with the reference implementation)
+
+
+def test_onnxruntime_ortvalues_and_ours_exchange_memory():
+    ort = pytest.importorskip("onnxruntime")
+    a = np.arange(10, dtype=np.float32).reshape(2, 5)
+    ours = ox.OrtValue.from_dlpack(a)
+    theirs = ort.OrtValue.from_dlpack(ours)
+    assert theirs.data_ptr() == a.ctypes.data
+    assert theirs.__dlpack_device__() == ours.__dlpack_device__() == (1, 0)
+    back = ox.OrtValue.from_dlpack(theirs)
+    assert back.data_ptr() == a.ctypes.data
+    np.testing.assert_array_equal(back.numpy(), a)
+    flags = ort.OrtValue.ortvalue_from_numpy(np.array([True, False]))
+    assert ox.OrtValue.from_dlpack(flags).numpy().dtype == np.bool_
+    # the legacy flag: a uint8 tensor read as bool
+    u8 = ox.OrtValue.from_dlpack(np.array([1, 0], np.uint8), is_bool_tensor=True)
+    assert u8.numpy().dtype == np.bool_ and u8.numpy().tolist() == [True, False]
+
+
+# ---------------------------------------------------------------------------------------------
+# run() and IOBinding with DLPack inputs on the host
+
+
+def test_run_uses_a_dlpack_host_tensor_in_place():
+    sess = ox.InferenceSession(_relu_model(), providers=[CPU])
+    seen = _spy_inputs(sess, "Relu")
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    (y,) = sess.run(None, {"x": HostTensor(x)})
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    assert seen == [x.ctypes.data]  # the kernel read the producer's memory
+    # a raw capsule too
+    (y,) = sess.run(None, {"x": x.__dlpack__()})
+    assert seen[-1] == x.ctypes.data
+    # the model's type and shape still apply (no silent conversion)
+    with pytest.raises(InvalidArgument, match="tensor\\(double\\).*input 'x'"):
+        sess.run(None, {"x": HostTensor(x.astype(np.float64))})
+
+
+def test_iobinding_binds_a_dlpack_host_tensor_in_place():
+    sess = ox.InferenceSession(_relu_model(), providers=[CPU])
+    seen = _spy_inputs(sess, "Relu")
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+    io = sess.io_binding()
+    io.bind_cpu_input("x", HostTensor(x))
+    io.bind_output("y")
+    sess.run_with_iobinding(io)
+    np.testing.assert_array_equal(io.copy_outputs_to_cpu()[0], np.maximum(x, 0))
+    io.bind_ortvalue_input("x", ox.OrtValue.from_dlpack(HostTensor(x)))
+    sess.run_with_iobinding(io)
+    assert seen == [x.ctypes.data, x.ctypes.data]
+
+
+# ---------------------------------------------------------------------------------------------
+# device memory: the virtual device and another library's tensors on it
+
+
+def _virt_model() -> bytes:
+    """y = Relu(x) on the device; z = Identity(x) (the input itself)."""
+    return make_model(
+        [node("Relu", ["x"], ["y"]), node("Identity", ["x"], ["z"])],
+        [tensor("x", ["N", 4])],
+        [tensor("y", ["N", 4]), tensor("z", ["N", 4])],
+    )
+
+
+def test_a_device_tensor_of_another_library_is_used_in_place_after_its_pending_work(virt):
+    sess = ox.InferenceSession(_virt_model(), providers=[vd.NAME, CPU])
+    x = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+    foreign = VirtArray.filled_later(virt, x)  # its write is still queued on its stream
+    seen = _spy_inputs(sess, "Relu")
+    y, z = sess.run_with_ort_values(None, {"x": foreign})
+    assert seen == [foreign.ptr]  # in place: no copy to or from the host
+    assert z.data_ptr() == foreign.ptr  # Identity hands the input itself on
+    np.testing.assert_array_equal(y.numpy(), np.maximum(x, 0))  # not the poison
+    np.testing.assert_array_equal(z.numpy(), x)
+    # plain run() too, and through OrtValue.from_dlpack and IOBinding
+    x2 = x[::-1].copy()
+    np.testing.assert_array_equal(
+        sess.run(["y"], {"x": VirtArray.filled_later(virt, x2)})[0], np.maximum(x2, 0)
+    )
+    io = sess.io_binding()
+    v = ox.OrtValue.from_dlpack(VirtArray.filled_later(virt, x))
+    assert v.device_name() == "virt" and v.__dlpack_device__() == (dlpack.EXT_DEV, 0)
+    io.bind_ortvalue_input("x", v)
+    io.bind_output("y", "virt", 0)
+    sess.run_with_iobinding(io)
+    np.testing.assert_array_equal(io.copy_outputs_to_cpu()[0], np.maximum(x, 0))
+
+
+def test_without_the_handshake_the_device_tensor_would_be_read_too_early(virt):
+    # what the tests above rely on: reading the producer's memory before its stream ran
+    # sees the poison
+    foreign = VirtArray.filled_later(virt, np.ones((2, 4), np.float32))
+    assert np.isnan(foreign._view()).all()
+    np.testing.assert_array_equal(foreign.read(), np.ones((2, 4), np.float32))
+
+
+def test_outputs_go_to_another_library_on_the_device_without_a_copy(virt):
+    sess = ox.InferenceSession(_virt_model(), providers=[vd.NAME, CPU])
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    y, _ = sess.run_with_ort_values(None, {"x": x})
+    assert y.device_name() == "virt"
+    other = VirtArray.from_dlpack(virt, y)
+    assert other.ptr == y.data_ptr()
+    np.testing.assert_array_equal(other.read(), np.maximum(x, 0))
+    # the consumer keeps the memory alive without the OrtValue
+    ptr = y.data_ptr()
+    del y
+    gc.collect()
+    assert virt.allocator.is_live(ptr, 4) or _arena_live(virt, ptr)
+    np.testing.assert_array_equal(other.read(), np.maximum(x, 0))
+
+
+def _arena_live(factory, ptr) -> bool:
+    arena = factory.arena()
+    return arena is not None and any(
+        c[0] == ptr and c[2] for r in arena.dump()["regions"] for c in r["chunks"]
+    )
+
+
+def test_the_producer_orders_its_pending_work_before_the_consumers_stream(virt):
+    """OrtValue.__dlpack__(stream=...) as a producer: a tensor imported with work pending
+    (its ``ready``) is handed on with the consumer's stream waiting for that work."""
+    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    v = ox.OrtValue.from_dlpack(VirtArray.filled_later(virt, x))
+    consumer = VirtArray.from_dlpack(virt, v)  # passes its own stream
+    assert consumer.ptr == v.data_ptr()
+    np.testing.assert_array_equal(consumer.read(), x)  # its stream ran the producer's write
+
+
+def test_device_tensors_no_provider_offers_or_with_strides_are_refused(virt):
+    class Elsewhere(HostTensor):
+        def __dlpack_device__(self):
+            return (dlpack.EXT_DEV, 9)
+
+    sess = ox.InferenceSession(_relu_model(), providers=[vd.NAME, CPU])
+    with pytest.raises(InvalidArgument, match=r"input 'x'.*DLPack device \(12, 9\)"):
+        sess.run(None, {"x": Elsewhere(np.zeros((1, 4), np.float32))})
+
+    class Strided(VirtArray):
+        def __dlpack__(self, *, stream=None, **kwargs):
+            cap = super().__dlpack__(stream=stream)
+            imp = dlpack.from_capsule(cap)
+            return dlpack_strided(imp, (1, 2))
+
+    def dlpack_strided(imp, strides):
+        # a (2, 2) view with element strides (1, 2) of the array's memory
+        return _capsule_with_strides(imp, (2, 2), strides)
+
+    s = Strided(virt, (2, 2), np.float32)
+    with pytest.raises(InvalidArgument, match="not dense row-major"):
+        ox.OrtValue.from_dlpack(s)
+
+
+def _capsule_with_strides(imp, shape, strides):
+    import ctypes
+
+    cap = dlpack.to_capsule(imp.ptr, shape, imp.dtype, imp.device_type, imp.device_id, imp.owner)
+    managed = dlpack._DLManagedTensor.from_address(dlpack._get_pointer(cap, b"dltensor"))
+    for i, s in enumerate(strides):
+        managed.dl_tensor.strides[i] = s
+    del ctypes
+    return cap
