@@ -102,16 +102,16 @@ def test_export_then_import_keeps_address_shape_and_dtype(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d.__module__ == "numpy"])
-def test_numpy_reads_our_capsules_and_we_read_numpys(dtype):
+def test_we_read_numpys_legacy_and_versioned_capsules(dtype):
+    # (OrtValue round trips through numpy are in test_session_api.py)
     a = np.arange(6).astype(dtype).reshape(2, 3)
-    v = ox.OrtValue.from_dlpack(a)
-    assert v.data_ptr() == a.ctypes.data
-    b = np.from_dlpack(v)
-    assert b.ctypes.data == a.ctypes.data and b.dtype == a.dtype
-    np.testing.assert_array_equal(b, a)
-    for cap in (a.__dlpack__(), a.__dlpack__(max_version=(1, 0))):  # legacy and 1.x capsules
+    for cap in (a.__dlpack__(), a.__dlpack__(max_version=(1, 0))):
         imp = dlpack.from_capsule(cap)
         assert (imp.ptr, imp.shape, imp.dtype) == (a.ctypes.data, a.shape, a.dtype)
+        assert (imp.device_type, imp.device_id) == (dlpack.CPU, 0)
+    # and numpy reads ours
+    b = np.from_dlpack(ox.OrtValue.from_dlpack(a.__dlpack__()))
+    assert b.ctypes.data == a.ctypes.data and b.dtype == a.dtype
 
 
 def test_strides_and_read_only_flags_are_read():
@@ -160,18 +160,17 @@ def test_unsupported_dtypes_and_foreign_objects_are_named():
 
 
 def test_onnxruntime_ortvalues_and_ours_exchange_memory():
+    # (plain float round trips are in test_session_api.py)
     ort = pytest.importorskip("onnxruntime")
     a = np.arange(10, dtype=np.float32).reshape(2, 5)
     ours = ox.OrtValue.from_dlpack(a)
     theirs = ort.OrtValue.from_dlpack(ours)
     assert theirs.data_ptr() == a.ctypes.data
     assert theirs.__dlpack_device__() == ours.__dlpack_device__() == (1, 0)
-    back = ox.OrtValue.from_dlpack(theirs)
-    assert back.data_ptr() == a.ctypes.data
-    np.testing.assert_array_equal(back.numpy(), a)
     flags = ort.OrtValue.ortvalue_from_numpy(np.array([True, False]))
-    assert ox.OrtValue.from_dlpack(flags).numpy().dtype == np.bool_
-    # the legacy flag: a uint8 tensor read as bool
+    got = ox.OrtValue.from_dlpack(flags)  # kDLBool
+    assert got.numpy().dtype == np.bool_ and got.data_ptr() == flags.data_ptr()
+    # onnxruntime's older flag: a uint8 tensor read as bool
     u8 = ox.OrtValue.from_dlpack(np.array([1, 0], np.uint8), is_bool_tensor=True)
     assert u8.numpy().dtype == np.bool_ and u8.numpy().tolist() == [True, False]
 
@@ -266,15 +265,8 @@ def test_outputs_go_to_another_library_on_the_device_without_a_copy(virt):
     ptr = y.data_ptr()
     del y
     gc.collect()
-    assert virt.allocator.is_live(ptr, 4) or _arena_live(virt, ptr)
+    assert virt.allocator.is_live(ptr, x.nbytes)
     np.testing.assert_array_equal(other.read(), np.maximum(x, 0))
-
-
-def _arena_live(factory, ptr) -> bool:
-    arena = factory.arena()
-    return arena is not None and any(
-        c[0] == ptr and c[2] for r in arena.dump()["regions"] for c in r["chunks"]
-    )
 
 
 def test_the_producer_orders_its_pending_work_before_the_consumers_stream(virt):
@@ -297,26 +289,14 @@ def test_device_tensors_no_provider_offers_or_with_strides_are_refused(virt):
         sess.run(None, {"x": Elsewhere(np.zeros((1, 4), np.float32))})
 
     class Strided(VirtArray):
+        """Exports every other column of a (2, 4) array: a (2, 2) view, strides (4, 2)."""
+
         def __dlpack__(self, *, stream=None, **kwargs):
-            cap = super().__dlpack__(stream=stream)
-            imp = dlpack.from_capsule(cap)
-            return dlpack_strided(imp, (1, 2))
+            dev = self.factory.device.id
+            cap = dlpack.to_capsule(self.ptr, (2, 2), self.dtype, dlpack.EXT_DEV, dev, self)
+            managed = dlpack._DLManagedTensor.from_address(dlpack._get_pointer(cap, b"dltensor"))
+            managed.dl_tensor.strides[0], managed.dl_tensor.strides[1] = 4, 2
+            return cap
 
-    def dlpack_strided(imp, strides):
-        # a (2, 2) view with element strides (1, 2) of the array's memory
-        return _capsule_with_strides(imp, (2, 2), strides)
-
-    s = Strided(virt, (2, 2), np.float32)
     with pytest.raises(InvalidArgument, match="not dense row-major"):
-        ox.OrtValue.from_dlpack(s)
-
-
-def _capsule_with_strides(imp, shape, strides):
-    import ctypes
-
-    cap = dlpack.to_capsule(imp.ptr, shape, imp.dtype, imp.device_type, imp.device_id, imp.owner)
-    managed = dlpack._DLManagedTensor.from_address(dlpack._get_pointer(cap, b"dltensor"))
-    for i, s in enumerate(strides):
-        managed.dl_tensor.strides[i] = s
-    del ctypes
-    return cap
+        ox.OrtValue.from_dlpack(Strided(virt, (2, 4), np.float32))
