@@ -140,6 +140,7 @@ _DTYPES: dict[tuple[int, int], np.dtype] = {
     (14, 8): np.dtype(ml_dtypes.float8_e8m0fnu),
 }
 _CODES = {dt: key for key, dt in _DTYPES.items()}
+DTYPES = tuple(_DTYPES.values())  # what can be exchanged
 
 
 def dl_dtype(dtype: Any) -> tuple[int, int]:
@@ -321,6 +322,7 @@ def exported_count() -> int:
 __all__ = [
     "CPU",
     "CUDA",
+    "DTYPES",
     "EXT_DEV",
     "HOST_TYPES",
     "LEGACY_DEFAULT_STREAM",
