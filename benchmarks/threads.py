@@ -45,9 +45,7 @@ def cuda_models(names: list[str], out: str) -> list[tuple[str, str, dict[str, np
     import models  # benchmarks/models.py
 
     models.export_all(out, names, batches=(1,))
-    return [
-        (f"{n} b1", models.model_path(out, n, 1), models.feeds_for(n, 1)) for n in names
-    ]
+    return [(f"{n} b1", models.model_path(out, n, 1), models.feeds_for(n, 1)) for n in names]
 
 
 def session(path: str, provider: str, graphs: bool, config: list[str]) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -20,6 +21,21 @@ import onnxplug  # noqa: E402
 from tests.plugins import virtual_device as vd  # noqa: E402
 
 VIRT = "tests.plugins.virtual_device"
+
+
+def doc_recipe(doc: str, name: str) -> str:
+    """The Python block of a documentation page marked ``<!-- recipe: name -->`` ...
+    ``<!-- end recipe -->`` (``doc`` relative to the repository root), for tests that run it
+    as it stands."""
+    text = (Path(_ROOT) / doc).read_text()
+    m = re.search(
+        rf"<!-- recipe: {re.escape(name)} -->\s*```python\n(.*?)```\s*<!-- end recipe -->",
+        text,
+        re.S,
+    )
+    if m is None:
+        raise AssertionError(f"recipe '{name}' is missing from {doc}")
+    return m.group(1)
 
 
 def run_in_threads(work: Callable[[int], None], n: int) -> None:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from tests.conftest import run_in_threads
+from tests.conftest import doc_recipe, run_in_threads
 from tests.gpu._cuda import CPU, CUDA, cuda_marks
 
 import onnxplug as ox
@@ -97,17 +96,6 @@ def test_a_pytorch_stream_with_cuda_graphs_captures_and_replays_on_it():
     stream.synchronize()
 
 
-def _recipe() -> str:
-    text = (ROOT / "docs" / "providers" / "cuda.md").read_text()
-    m = re.search(
-        r"<!-- recipe: external-allocator -->\s*```python\n(.*?)```\s*<!-- end recipe -->",
-        text,
-        re.S,
-    )
-    assert m, "the external-allocator recipe is missing from docs/providers/cuda.md"
-    return m.group(1)
-
-
 def test_the_external_allocator_recipe_allocates_from_pytorchs_pool_instead_of_ours():
     torch = pytest.importorskip("torch")
     ep_device = next(d for d in ox.get_ep_devices() if d.ep_name == CUDA).ep_device
@@ -121,13 +109,14 @@ def test_the_external_allocator_recipe_allocates_from_pytorchs_pool_instead_of_o
     torch.cuda.synchronize()
     torch_before = torch.cuda.memory_allocated()
     scope: dict = {"__name__": "recipe"}
-    exec(compile(_recipe(), "docs/providers/cuda.md (recipe)", "exec"), scope)
-    sess = scope["sess"]
+    recipe = doc_recipe("docs/providers/cuda.md", "external-allocator")
+    exec(compile(recipe, "docs/providers/cuda.md (recipe)", "exec"), scope)
+    sess = scope.pop("sess")  # (the recipe's lambda keeps ``scope``, its globals, alive)
     assert scope["grown"] > 0 and torch.cuda.memory_allocated() > torch_before
     np.testing.assert_allclose(scope["probabilities"].sum(axis=1), 1.0, rtol=1e-5)
     assert "NumArenaExtensions" not in sess.get_allocator_stats()["cuda:0"]  # no arena
     assert ours() == ours_before  # nothing came from our device arena
-    del scope, sess
+    del sess
     gc.collect()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == torch_before

@@ -247,16 +247,9 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     return n
 
 
-def _root(t: DeviceTensor) -> Any:
-    o = t.owner
-    while isinstance(o, DeviceTensor):
-        o = o.owner
-    return o
-
-
 def _tag(t: DeviceTensor, rec: _Recorder) -> int | None:
     """Index of the allocation of ``rec`` a tensor lives in (None: not recorded by it)."""
-    tag = getattr(_root(t), "tag", None)
+    tag = getattr(t.memory, "tag", None)
     return tag[1] if tag is not None and tag[0] is rec else None
 
 
@@ -884,7 +877,7 @@ class GraphRunner:
                 else:
                     pending.append((i, lambda v=v: _to_host(v, plan)))
             elif mode is FETCH_DEVICE:
-                if isinstance(v, DeviceTensor) and _root(v) in frame.blocks.values():
+                if isinstance(v, DeviceTensor) and v.memory in frame.blocks.values():
                     # a planned output is the frame's memory: the caller gets its own copy
                     dst = allocate_tensor(plan.allocators[v.device], v.shape, v.dtype, stream)
                     plan.transfer.copy(v, dst, stream)

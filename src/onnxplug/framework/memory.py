@@ -184,6 +184,17 @@ class DeviceTensor:
         self.stable_view: dict[Any, Any] | None = None
 
     @property
+    def memory(self) -> Any:
+        """What owns the memory (the owner of the tensor a view was taken from, and so on):
+        an ``Allocation``, a planned block, a foreign buffer. A cached array view of a stable
+        tensor keeps this, never the tensor, whose ``stable_view`` holds the view: a
+        reference cycle through a numpy array's base is never collected."""
+        o = self.owner
+        while isinstance(o, DeviceTensor):
+            o = o.owner
+        return o
+
+    @property
     def size(self) -> int:
         return _numel(self.shape)
 

@@ -67,7 +67,7 @@ class NumpyBackend:
             v = cache.get(self)
             if v is None:
                 counters.bump(counters.VIEWS_BUILT)
-                v = cache[self] = host_view(t.ptr, t.shape, t.dtype, t.owner)
+                v = cache[self] = host_view(t.ptr, t.shape, t.dtype, t.memory)
             return v
         counters.bump(counters.VIEWS_BUILT)
         return t.host_array()
