@@ -190,11 +190,52 @@ def test_user_stream_and_external_allocator_fail_at_session_creation(sim):
     assert "'user_compute_stream'" in str(e.value) and "'gpu_external_alloc'" in str(e.value)
 
 
-@pytest.mark.parametrize("host_api", [1, 2])
+@pytest.mark.parametrize("host_api", [2, 3])
 def test_concurrent_runs_need_a_host_with_the_kernel_sync_stream(sim, monkeypatch, host_api):
+    """The CUDA plugin is written against API 3 and runs on a host of API 2 (its oldest, for
+    the device timer), where it does not advertise concurrent runs."""
     from onnxplug.ep import api
 
     monkeypatch.setattr(api, "API_VERSION", host_api)
     s = ox.InferenceSession(_relu_model(), providers=[sim, "CPUExecutionProvider"])
-    assert s._eps[0].is_concurrent_run_supported() == (host_api >= 2)
-    assert (s._run_lock is None) == (host_api >= 2)
+    factory = s._eps[0].factory
+    assert (factory.api_version, factory.min_host_api_version) == (3, 2)
+    assert s._eps[0].is_concurrent_run_supported() == (host_api >= 3)
+    assert (s._run_lock is None) == (host_api >= 3)
+
+
+@pytest.mark.parametrize("plugin_api", [1, 2, 3])
+def test_a_cuda_plugin_of_an_older_api_runs_with_the_fallback(sim, monkeypatch, plugin_api):
+    """The CUDA plugin built for API 1 or 2 (before the kernel sync stream) still loads and
+    runs: its kernels see no sync stream, their workspaces are untagged, and its sessions run
+    one run at a time (onnxruntime's fallback); built for API 3 it has all three."""
+    from tests.conftest import run_in_threads
+
+    factory = next(d.factory for d in ox.get_ep_devices() if d.ep_name == sim)
+    monkeypatch.setattr(factory, "api_version", plugin_api)
+    s = ox.InferenceSession(_relu_model(), providers=[sim, "CPUExecutionProvider"])
+    assert s.get_ep_graph_assignment_summary()[sim] == 2
+    new = plugin_api >= 3
+    steps = [st for st in s._runner.plan.steps if st.ep_key == sim]
+    assert steps and all(st.sync_stream == new for st in steps)
+    assert (s._run_lock is None) == new
+    kernel = steps[0].kernel
+    compute, seen = kernel.compute, []
+
+    def spy(ctx):
+        seen.append((ctx.stream, ctx.get_sync_stream()))
+        compute(ctx)
+
+    monkeypatch.setattr(kernel, "compute", spy)
+    xs = [np.random.default_rng(k).standard_normal((4, 3)).astype(np.float32) for k in range(4)]
+    want = [1 / (1 + np.exp(-np.maximum(x, 0))) for x in xs]
+    got: list = [None] * len(xs)
+
+    def work(i: int) -> None:
+        got[i] = s.run(None, {"x": xs[i]})[0]
+
+    run_in_threads(work, len(xs))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    assert seen and all(st is not None for st, _ in seen)
+    assert all((sync is st) if new else (sync is None) for st, sync in seen)

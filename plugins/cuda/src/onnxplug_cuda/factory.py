@@ -44,7 +44,11 @@ class CudaEpFactory(EpFactory):
     vendor_id = NVIDIA
     version = "0.1.0"
     device_type = "cuda"
-    min_host_api_version = 2  # its node timer is a DeviceTimer (API version 2)
+    # Written against API 3 (its kernels' workspaces are tagged with their sync stream, so its
+    # sessions run concurrently); it needs API 2 (its node timer is a DeviceTimer), and on a
+    # host of API 2 it does not advertise concurrent runs (``CudaEp.is_concurrent_run_supported``)
+    api_version = 3
+    min_host_api_version = 2
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
