@@ -9,12 +9,14 @@ its writes on a stream of its own: a missing stream handshake reads poisoned mem
 from __future__ import annotations
 
 import gc
+import sys
 
 import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.lib.array_utils import byte_bounds
 
 import onnxplug as ox
 from onnxplug.errors import InvalidArgument
@@ -109,6 +111,49 @@ def test_strides_and_read_only_flags_are_read():
     strided = ox.OrtValue.from_dlpack(a[:, ::2])  # host tensors keep their strides
     assert strided.data_ptr() == a.ctypes.data
     np.testing.assert_array_equal(strided.numpy(), a[:, ::2])
+
+
+@pytest.mark.parametrize(
+    "index",
+    [np.s_[::-1], np.s_[:, ::-1, 1::2], np.s_[..., ::-3], np.s_[::-1, ::-1, ::-1], np.s_[1:, ::2]],
+)
+def test_negative_and_positive_strides_view_exactly_the_producers_elements(index):
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    b = a[index]
+    got = ox.OrtValue.from_dlpack(b).numpy()
+    np.testing.assert_array_equal(got, b)
+    # the memory viewed is exactly the span of the producer's elements (negative strides
+    # reach below the tensor's address), nothing beyond them
+    views = [got]
+    while isinstance(views[-1], np.ndarray) or hasattr(views[-1], "base"):
+        views.append(views[-1].base)
+    spans = {byte_bounds(x) for x in views if isinstance(x, np.ndarray)}
+    lo, hi = byte_bounds(b)
+    assert all(lo <= span[0] and span[1] <= hi for span in spans)
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_a_consumed_capsule_is_renamed_and_its_deleter_runs_exactly_once(versioned):
+    """The producer's deleter (numpy's gives back its reference to the array) runs once, when
+    the last value over the memory is gone; the capsule is renamed so that its own destructor
+    does not run it too."""
+    a = np.arange(6, dtype=np.float32)
+    refs = sys.getrefcount(a)
+    cap = a.__dlpack__(max_version=(1, 0)) if versioned else a.__dlpack__()
+    name = b"dltensor_versioned" if versioned else b"dltensor"
+    assert dlpack._is_valid(cap, name)
+    v = ox.OrtValue.from_dlpack(cap)
+    assert not dlpack._is_valid(cap, name) and dlpack._is_valid(cap, b"used_" + name)
+    del cap
+    gc.collect()
+    assert sys.getrefcount(a) == refs + 1  # the imported memory holds the producer's tensor
+    view = v.numpy()
+    del v
+    gc.collect()
+    assert sys.getrefcount(a) == refs + 1  # ... while a view of it lives
+    del view
+    gc.collect()
+    assert sys.getrefcount(a) == refs  # released once: twice would leave one reference less
 
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -21,6 +22,7 @@ from tests.conftest import doc_recipe, run_in_threads
 from tests.gpu._cuda import CPU, CUDA, cuda_marks
 
 import onnxplug as ox
+from onnxplug.errors import InvalidArgument
 
 pytestmark = cuda_marks
 
@@ -153,16 +155,123 @@ def test_eight_threads_times_200_runs_of_bert_base_are_bit_identical(tmp_path_fa
     run_in_threads(work, 8)
 
 
-def test_dlpack_round_trips_keep_the_device_pointer():
+# torch dtype name -> (the ONNX type an OrtValue reports, numpy dtype of its host copy)
+_TORCH_DTYPES = {
+    "float32": ("tensor(float)", np.float32),
+    "float16": ("tensor(float16)", np.float16),
+    "bfloat16": ("tensor(bfloat16)", ml_dtypes.bfloat16),
+    "float64": ("tensor(double)", np.float64),
+    "int8": ("tensor(int8)", np.int8),
+    "uint8": ("tensor(uint8)", np.uint8),
+    "int32": ("tensor(int32)", np.int32),
+    "int64": ("tensor(int64)", np.int64),
+    "bool": ("tensor(bool)", np.bool_),
+}
+
+
+def _bytes(t) -> np.ndarray:
+    """A torch tensor's bytes on the host (any dtype, bfloat16 and bool included)."""
+    import torch
+
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+@pytest.mark.parametrize("dtype", sorted(_TORCH_DTYPES))
+def test_dlpack_round_trips_keep_pointer_dtype_and_values(dtype):
+    """PyTorch -> OrtValue -> PyTorch in place: the same device pointer (rows of a larger
+    tensor: a storage offset), device, shape, dtype and bytes; dropping everything gives
+    PyTorch's memory back (the producer's deleter ran, once)."""
     torch = pytest.importorskip("torch")
-    t = torch.arange(24, dtype=torch.float32, device="cuda").reshape(4, 6)
+    onnx_type, np_type = _TORCH_DTYPES[dtype]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    whole = (torch.arange(5 * 6, device="cuda") % 7 - 3).to(getattr(torch, dtype)).reshape(5, 6)
+    t = whole[2:]  # starts 12 elements into its storage
+    assert t.storage_offset() == 12 and t.is_contiguous()
     v = ox.OrtValue.from_dlpack(t)
     assert v.device_name() == "cuda" and v.__dlpack_device__() == (2, t.device.index or 0)
-    assert v.data_ptr() == t.data_ptr()
+    assert v.data_ptr() == t.data_ptr() and v.shape() == [3, 6]
+    assert v.data_type() == onnx_type
+    host = v.numpy()  # our copy to the host, through the dtype we read
+    assert host.dtype == np.dtype(np_type) and host.shape == (3, 6)
+    np.testing.assert_array_equal(host.reshape(-1).view(np.uint8), _bytes(t))
     back = torch.from_dlpack(v)
-    assert back.data_ptr() == t.data_ptr()
-    np.testing.assert_array_equal(back.cpu().numpy(), t.cpu().numpy())
-    # an output handed to PyTorch in place
+    assert back.data_ptr() == t.data_ptr() and back.dtype == t.dtype
+    assert back.device == t.device and tuple(back.shape) == (3, 6)
+    assert torch.equal(back, t)
+    del whole, t, v, back
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
+def test_strided_pytorch_tensors_are_refused_and_size_one_dims_are_not():
+    torch = pytest.importorskip("torch")
+    sess = ox.InferenceSession(_mlp(), providers=[(CUDA, {"use_tf32": "0"})])
+    strided = [
+        torch.randn(16, 5, device="cuda").T,  # (5, 16), strides (1, 5)
+        torch.randn(5, 32, device="cuda")[:, ::2],  # strides (32, 2)
+        torch.randn(5, 20, device="cuda")[:, :16],  # rows 20 apart
+        torch.randn(1, 16, device="cuda").expand(5, 16),  # stride 0
+    ]
+    for x in strided:
+        assert not x.is_contiguous()
+        with pytest.raises(InvalidArgument, match="contiguous"):
+            sess.run(None, {"x": x})
+    col = torch.randn(16, 1, device="cuda")
+    row = col.T  # (1, 16) with strides (1, 1): dense, a size-1 dim may have any stride
+    assert row.is_contiguous() and row.data_ptr() == col.data_ptr()
+    np.testing.assert_allclose(
+        sess.run(None, {"x": row})[0], _reference(row.cpu().numpy()), rtol=1e-5, atol=1e-6
+    )
+
+
+def _pending(torch, stream, want):
+    """A tensor whose value ``want`` is written on ``stream`` only after a long sleep there:
+    until then it holds NaN. Whoever reads it without waiting for ``stream`` sees NaN."""
+    x = torch.full(want.shape, float("nan"), device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # tens of milliseconds of GPU time
+        x.copy_(want)
+    return x
+
+
+def test_an_input_with_work_pending_on_the_producers_stream_is_read_after_it():
+    """The import handshake: the session passes its import stream to ``__dlpack__`` and
+    PyTorch makes it wait for its current stream; the run waits for the import stream."""
+    torch = pytest.importorskip("torch")
+    sess = ox.InferenceSession(_mlp(), providers=[(CUDA, {"use_tf32": "0"})])
+    want = torch.randn(64, 16, device="cuda")
+    side = torch.cuda.Stream()
+    x = _pending(torch, side, want)
+    with torch.cuda.stream(side):  # PyTorch orders the work of its current stream
+        (y,) = sess.run(None, {"x": x})
+    assert not np.isnan(y).any()
+    np.testing.assert_allclose(y, _reference(want.cpu().numpy()), rtol=1e-5, atol=1e-5)
+
+
+def test_a_re_exported_tensor_makes_the_consumers_stream_wait_for_the_pending_work():
+    """The export handshake: an imported tensor handed to PyTorch on another stream
+    (``__dlpack__(stream=...)``) makes that stream wait for the producer's pending work."""
+    torch = pytest.importorskip("torch")
+    want = torch.randn(32, 16, device="cuda")
+    side, other = torch.cuda.Stream(), torch.cuda.Stream()
+    x = _pending(torch, side, want)
+    with torch.cuda.stream(side):
+        v = ox.OrtValue.from_dlpack(x)
+    with torch.cuda.stream(other):
+        back = torch.from_dlpack(v)  # other waits for the import, which waited for side
+        doubled = back * 2
+    other.synchronize()
+    assert back.data_ptr() == x.data_ptr()
+    assert not torch.isnan(doubled).any()
+    assert torch.equal(doubled, want * 2)
+    side.synchronize()
+
+
+def test_session_outputs_go_to_pytorch_in_place_and_iobinding_reads_dlpack_inputs():
+    torch = pytest.importorskip("torch")
     sess = ox.InferenceSession(_mlp(), providers=[(CUDA, {"use_tf32": "0"})])
     x = torch.randn(5, 16, device="cuda")
     (y,) = sess.run_with_ort_values(None, {"x": x})
@@ -181,8 +290,11 @@ def test_dlpack_round_trips_keep_the_device_pointer():
     gc.collect()
 
 
-def test_cuda_array_interface_inputs_are_used_in_place():
+def test_cuda_array_interface_inputs_are_read_after_the_producers_stream():
+    """``__cuda_array_interface__`` (version 3) names the stream where the producer's work is
+    pending: the session's import stream waits for it, and the run for the import stream."""
     cp = pytest.importorskip("cupy")
+    torch = pytest.importorskip("torch")
 
     class OnlyCAI:  # Numba-like: no DLPack
         def __init__(self, a):
@@ -191,7 +303,16 @@ def test_cuda_array_interface_inputs_are_used_in_place():
 
     sess = ox.InferenceSession(_mlp(), providers=[(CUDA, {"use_tf32": "0"})])
     s = cp.cuda.Stream(non_blocking=True)
+    want = cp.random.standard_normal((7, 16), dtype=cp.float32) * 2
+    a = cp.full((7, 16), cp.nan, dtype=cp.float32)
+    cp.cuda.Device().synchronize()
+    with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+        torch.cuda._sleep(100_000_000)  # on s: the write below waits for it
     with s:
-        a = cp.random.standard_normal((7, 16), dtype=cp.float32) * 2  # pending on s
-        (y,) = sess.run_with_ort_values(None, {"x": OnlyCAI(a)})
-    np.testing.assert_allclose(y.numpy(), _reference(cp.asnumpy(a)), rtol=1e-5, atol=1e-6)
+        a[...] = want
+        x = OnlyCAI(a)
+    assert x.__cuda_array_interface__.get("stream") == s.ptr
+    (y,) = sess.run_with_ort_values(None, {"x": x})
+    got = y.numpy()
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, _reference(cp.asnumpy(want)), rtol=1e-5, atol=1e-6)

@@ -450,10 +450,15 @@ def _host_array(imp: dlpack.Imported) -> np.ndarray:
         arr = host_view(imp.ptr, imp.shape, imp.dtype, imp.owner)
     else:
         assert imp.strides is not None
-        span = 1 + sum((d - 1) * abs(s) for d, s in zip(imp.shape, imp.strides) if d > 0)
-        flat = host_view(imp.ptr, (span,), imp.dtype, imp.owner)
+        # the elements span [ptr + low, ptr + high] (negative strides reach below ptr): view
+        # exactly that memory, and stride from ptr within it
+        extents = [(d - 1) * s for d, s in zip(imp.shape, imp.strides, strict=True) if d > 0]
+        low = sum(e for e in extents if e < 0)
+        high = sum(e for e in extents if e > 0)
+        size = imp.dtype.itemsize
+        flat = host_view(imp.ptr + low * size, (high - low + 1,), imp.dtype, imp.owner)
         arr = np.lib.stride_tricks.as_strided(
-            flat, imp.shape, tuple(s * imp.dtype.itemsize for s in imp.strides)
+            flat[-low:], imp.shape, tuple(s * size for s in imp.strides)
         )
     if imp.readonly:
         arr.flags.writeable = False
