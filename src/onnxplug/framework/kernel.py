@@ -435,5 +435,5 @@ class KernelContext:
         """The run's stream this kernel's work is ordered on, for memory bookkeeping
         (onnxruntime's ``KernelContext_GetSyncStream``): the workspaces of ``scratch`` and
         ``workspace`` are tagged with it in a stream-aware arena. None where the provider was
-        written against a plugin API without it (< 2), or runs without a stream."""
+        written against a plugin API without it (< 3), or runs without a stream."""
         return self._sync_stream
