@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -20,6 +21,21 @@ import onnxplug  # noqa: E402
 from tests.plugins import virtual_device as vd  # noqa: E402
 
 VIRT = "tests.plugins.virtual_device"
+
+
+def doc_recipe(doc: str, name: str) -> str:
+    """The Python block of a documentation page marked ``<!-- recipe: name -->`` ...
+    ``<!-- end recipe -->`` (``doc`` relative to the repository root), for tests that run it
+    as it stands."""
+    text = (Path(_ROOT) / doc).read_text()
+    m = re.search(
+        rf"<!-- recipe: {re.escape(name)} -->\s*```python\n(.*?)```\s*<!-- end recipe -->",
+        text,
+        re.S,
+    )
+    if m is None:
+        raise AssertionError(f"recipe '{name}' is missing from {doc}")
+    return m.group(1)
 
 
 def run_in_threads(work: Callable[[int], None], n: int) -> None:
@@ -73,6 +89,16 @@ def virt1() -> Iterator[vd.VirtualDeviceFactory]:
 def virt_b() -> Iterator[vd.VirtualDeviceFactory]:
     """A second provider on ``virt:0`` (VirtualDeviceBExecutionProvider)."""
     with registered(vd.SHARED_DEVICE_NAME, f"{VIRT}:create_shared_device_factory") as f:
+        yield f
+
+
+@pytest.fixture(params=[1, 2], ids=["api1", "api2"])
+def virt_old_api(request: pytest.FixtureRequest) -> Iterator[vd.VirtualDeviceFactory]:
+    """The virtual device of a plugin written against plugin API 1 (``virt:3``,
+    VirtualDeviceApi1ExecutionProvider) or 2 (``virt:4``, VirtualDeviceApi2ExecutionProvider):
+    no kernel sync stream; shared BFC arena. The factory's ``name`` is the provider's."""
+    name, target = {1: (vd.API1_NAME, "api1"), 2: (vd.API2_NAME, "api2")}[request.param]
+    with registered(name, f"{VIRT}:create_{target}_factory") as f:
         yield f
 
 

@@ -136,6 +136,92 @@ def test_user_stream_forces_unified_stream_and_allows_stream_zero():
         parse_options({P + "has_user_compute_stream": "1"}, NAME)
 
 
+class _Stream:
+    """Implements the CUDA stream protocol, like torch.cuda.Stream and CuPy streams."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+@pytest.mark.parametrize(
+    "given, has, handle",
+    [
+        # a non-zero address is the user's stream, whatever the flag says (onnxruntime
+        # recomputes has_user_compute_stream from it)
+        ({"user_compute_stream": "4660"}, True, 4660),
+        ({"user_compute_stream": "4660", "has_user_compute_stream": "0"}, True, 4660),
+        # address 0 is the legacy default stream: a user's stream only when the flag says so
+        # (what get_provider_options() reports without a stream must round-trip to none)
+        ({"user_compute_stream": "0"}, False, 0),
+        ({"user_compute_stream": "0", "has_user_compute_stream": "0"}, False, 0),
+        ({"user_compute_stream": "0", "has_user_compute_stream": "1"}, True, 0),
+        ({}, False, 0),
+    ],
+)
+def test_has_user_compute_stream_is_derived(given, has, handle):
+    o = parse_options({P + k: v for k, v in given.items()}, NAME)
+    assert (o.has_user_compute_stream, o.user_compute_stream) == (has, handle)
+    assert o.unified_stream == has
+
+
+@pytest.mark.parametrize("handle", [0x5A5A00, 0])
+def test_a_stream_object_is_a_user_stream_kept_alive(handle):
+    # torch.cuda.current_stream() may be the legacy default stream, handle 0: given as an
+    # object it is still the user's stream
+    stream = _Stream(handle)
+    key = P + "user_compute_stream"
+    o = parse_options({key: "<python stream _Stream>"}, NAME, {key: stream})
+    assert o.has_user_compute_stream and o.user_compute_stream == handle
+    assert o.user_stream_object is stream and o.unified_stream
+    assert o.as_strings()["user_compute_stream"] == str(handle)
+
+
+def test_a_stream_object_with_a_broken_protocol_is_named():
+    class Broken:
+        def __cuda_stream__(self):
+            return 12
+
+    key = P + "user_compute_stream"
+    with pytest.raises(InvalidArgument, match="user_compute_stream.*__cuda_stream__"):
+        parse_options({key: "x"}, NAME, {key: Broken()})
+
+
+def test_a_stream_object_for_another_option_is_refused():
+    key = P + "device_id"
+    with pytest.raises(InvalidArgument, match="'device_id'.*must be a string"):
+        parse_options({key: "x"}, NAME, {key: _Stream(1)})
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [{"user_compute_stream": "1234"}, {"has_user_compute_stream": "1", "user_compute_stream": "0"}],
+)
+def test_user_stream_and_external_allocator_error_names_both(stream):
+    with pytest.raises(InvalidArgument) as e:
+        parse_options(
+            {
+                **{P + k: v for k, v in stream.items()},
+                P + "gpu_external_alloc": "1",
+                P + "gpu_external_free": "2",
+            },
+            NAME,
+        )
+    assert "'user_compute_stream'" in str(e.value) and "'gpu_external_alloc'" in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_do_copy_in_default_stream_is_accepted_and_reported(value):
+    # onnxruntime's stream-aware executor copies on the stream of the node that needs the
+    # copy whatever this says (its dedicated copy streams are gone); it stays an option
+    o = parse_options({P + "do_copy_in_default_stream": value}, NAME)
+    assert o.do_copy_in_default_stream == (value == "1")
+    assert o.as_strings()["do_copy_in_default_stream"] == value
+    assert not o.unified_stream
+
+
 def test_cuda_graph_keeps_a_stream_per_run_frame():
     # onnxruntime's plugin EP: graph mode captures on a per-thread stream, not one EP stream
     # (its in-tree EP forced a unified stream); concurrent runs stay possible

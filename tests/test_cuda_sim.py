@@ -106,3 +106,136 @@ def test_stream_and_allocator_options_run(sim, options):
     x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
     for _ in range(3):
         np.testing.assert_array_equal(s.run(None, {"x": x})[0], np.maximum(x, 0))
+
+
+def _relu_model() -> bytes:
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+class _UserStream:
+    """A stream of another library (torch.cuda.Stream, a CuPy stream): the CUDA stream
+    protocol."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def _frame_streams(sess) -> set:
+    """The streams of the kernels of every pooled frame of the session."""
+    return {
+        ctx.stream
+        for sig in sess._runner._signatures.values()
+        for f in sig.frames
+        for ctx in f.ctxs
+        if ctx is not None and ctx.stream is not None
+    }
+
+
+@pytest.mark.parametrize("how", ["providers", "add_provider_for_devices"])
+def test_a_user_stream_object_carries_every_run(sim, how):
+    from tests.conftest import run_in_threads
+
+    stream = _UserStream(0xABC0)
+    if how == "providers":
+        s = ox.InferenceSession(
+            _relu_model(),
+            providers=[(sim, {"user_compute_stream": stream}), "CPUExecutionProvider"],
+        )
+    else:
+        so = ox.SessionOptions()
+        dev = next(d for d in ox.get_ep_devices() if d.ep_name == sim)
+        so.add_provider_for_devices([dev], {"user_compute_stream": stream})
+        s = ox.InferenceSession(_relu_model(), sess_options=so)
+    ep = s._eps[0]
+    assert ep.options.user_stream_object is stream
+    opts = s.get_provider_options()[sim]
+    assert opts["user_compute_stream"] == str(0xABC0) and opts["has_user_compute_stream"] == "1"
+    # one stream for every run: no concurrent runs advertised, the session takes turns
+    assert not ep.is_concurrent_run_supported() and s._run_lock is not None
+    xs = [np.random.default_rng(k).standard_normal((k + 1, 3)).astype(np.float32) for k in range(3)]
+
+    def work(k: int) -> None:
+        for _ in range(4):
+            y = s.run(None, {"x": xs[k]})[0]
+            np.testing.assert_allclose(y, 1 / (1 + np.exp(-np.maximum(xs[k], 0))), rtol=1e-6)
+
+    run_in_threads(work, 3)
+    streams = _frame_streams(s)
+    assert {st.handle for st in streams} == {0xABC0} and len(streams) == 1
+    (user,) = streams
+    assert not user.frame_owned  # shared by the frames, which never close it
+
+
+def test_user_stream_and_external_allocator_fail_at_session_creation(sim):
+    from onnxplug.errors import InvalidArgument
+
+    opts = {
+        "user_compute_stream": _UserStream(7),
+        "gpu_external_alloc": lambda n: 0,
+        "gpu_external_free": lambda p: None,
+    }
+    with pytest.raises(InvalidArgument) as e:
+        ox.InferenceSession(_relu_model(), providers=[(sim, opts), "CPUExecutionProvider"])
+    assert "'user_compute_stream'" in str(e.value) and "'gpu_external_alloc'" in str(e.value)
+
+
+@pytest.mark.parametrize("host_api", [2, 3])
+def test_concurrent_runs_need_a_host_with_the_kernel_sync_stream(sim, monkeypatch, host_api):
+    """The CUDA plugin is written against API 3 and runs on a host of API 2 (its oldest, for
+    the device timer), where it does not advertise concurrent runs."""
+    from onnxplug.ep import api
+
+    monkeypatch.setattr(api, "API_VERSION", host_api)
+    s = ox.InferenceSession(_relu_model(), providers=[sim, "CPUExecutionProvider"])
+    factory = s._eps[0].factory
+    assert (factory.api_version, factory.min_host_api_version) == (3, 2)
+    assert s._eps[0].is_concurrent_run_supported() == (host_api >= 3)
+    assert (s._run_lock is None) == (host_api >= 3)
+
+
+@pytest.mark.parametrize("plugin_api", [1, 2, 3])
+def test_a_cuda_plugin_of_an_older_api_runs_with_the_fallback(sim, monkeypatch, plugin_api):
+    """The CUDA plugin built for API 1 or 2 (before the kernel sync stream) still loads and
+    runs: its kernels see no sync stream, their workspaces are untagged, and its sessions run
+    one run at a time (onnxruntime's fallback); built for API 3 it has all three."""
+    from tests.conftest import run_in_threads
+
+    factory = next(d.factory for d in ox.get_ep_devices() if d.ep_name == sim)
+    monkeypatch.setattr(factory, "api_version", plugin_api)
+    s = ox.InferenceSession(_relu_model(), providers=[sim, "CPUExecutionProvider"])
+    assert s.get_ep_graph_assignment_summary()[sim] == 2
+    new = plugin_api >= 3
+    steps = [st for st in s._runner.plan.steps if st.ep_key == sim]
+    assert steps and all(st.sync_stream == new for st in steps)
+    assert (s._run_lock is None) == new
+    kernel = steps[0].kernel
+    compute, seen = kernel.compute, []
+
+    def spy(ctx):
+        seen.append((ctx.stream, ctx.get_sync_stream()))
+        compute(ctx)
+
+    monkeypatch.setattr(kernel, "compute", spy)
+    xs = [np.random.default_rng(k).standard_normal((4, 3)).astype(np.float32) for k in range(4)]
+    want = [1 / (1 + np.exp(-np.maximum(x, 0))) for x in xs]
+    got: list = [None] * len(xs)
+
+    def work(i: int) -> None:
+        got[i] = s.run(None, {"x": xs[i]})[0]
+
+    run_in_threads(work, len(xs))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    assert seen and all(st is not None for st, _ in seen)
+    assert all((sync is st) if new else (sync is None) for st, sync in seen)

@@ -438,6 +438,55 @@ def external(cb: HostCallbacks) -> dict[str, object]:
     }
 
 
+def test_the_external_allocator_recipe_runs_on_the_simulated_device(sim, monkeypatch):
+    """docs/providers/cuda.md's PyTorch recipe, run as it stands on the simulated device
+    (the provider's name and device key swapped) with a stand-in for PyTorch whose caching
+    allocator is host memory; tests/gpu/test_cuda_interop.py runs it with PyTorch on a GPU."""
+    import types
+
+    from tests.conftest import doc_recipe
+
+    cb = HostCallbacks()
+    cuda = types.SimpleNamespace(
+        caching_allocator_alloc=cb.alloc,
+        caching_allocator_delete=cb.free,
+        empty_cache=cb.empty_cache,
+        memory_allocated=lambda: sum(len(b) - 256 for b in cb.blocks.values()),
+    )
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    recipe = doc_recipe("docs/providers/cuda.md", "external-allocator")
+    recipe = recipe.replace('"CUDAExecutionProvider"', f'"{SIM}"').replace(
+        '"cuda:0"', '"cudasim:0"'
+    )
+    scope: dict = {"__name__": "recipe"}
+    exec(compile(recipe, "docs/providers/cuda.md (recipe)", "exec"), scope)
+    sess = scope.pop("sess")  # (the recipe's lambda keeps ``scope``, its globals, alive)
+    assert scope["grown"] > 0 and cb.allocs > 0 and cb.empties == 1
+    np.testing.assert_allclose(scope["probabilities"].sum(axis=1), 1.0, rtol=1e-5)
+    assert sess.get_ep_graph_assignment_summary().get(SIM, 0) > 0
+    del sess
+    gc.collect()
+    assert cb.blocks == {}  # everything given back
+
+
+def test_a_dropped_session_gives_back_its_memory_plan_viewed_by_cached_arrays(sim):
+    """A planned tensor's cached array view once kept the tensor it views (a Flatten of a
+    planned tensor, in the demo model) through the array's base, which the garbage collector
+    cannot see through: the session's memory-plan block was never given back."""
+    from importlib.resources import files
+
+    cb = HostCallbacks()
+    model = str(files("onnxplug") / "data" / "demo.onnx")
+    s = ox.InferenceSession(model, providers=[(SIM, external(cb)), CPU])
+    image = np.random.default_rng(0).random((64, 1, 8, 8), dtype=np.float32)
+    for _ in range(3):  # the recording run, the planned frame's binding run, a steady run
+        s.run(None, {"image": image})
+    assert cb.blocks
+    del s
+    gc.collect()
+    assert cb.blocks == {}
+
+
 def test_external_allocator_callbacks_stay_with_their_session(sim):
     cb_a, cb_b = HostCallbacks(), HostCallbacks()
     a = ox.InferenceSession(CHAIN, providers=[(SIM, external(cb_a)), CPU])

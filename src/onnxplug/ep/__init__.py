@@ -2,8 +2,8 @@
 
 A plugin imports only from here: the factory/EP/device object model, the kernel API, the
 allocator, stream and data-transfer protocols, the BFC arena and the shared-arena cache, ONNX
-type helpers, shared shape logic, the host-provided control-flow kernels (If/Loop/Scan) and
-the errors.
+type helpers, shared shape logic, DLPack constants, the host-provided control-flow kernels
+(If/Loop/Scan) and the errors.
 """
 
 from .. import errors
@@ -16,7 +16,7 @@ from ..errors import (
     NotImplemented,
     OutOfMemory,
 )
-from ..framework import counters, shapes
+from ..framework import counters, dlpack, shapes
 from ..framework.arena import (
     ARENA_OPTIONS,
     EXTEND_STRATEGIES,
@@ -62,6 +62,7 @@ from ..framework.stream import (
     ImmediateStream,
     SyncNotification,
     SyncStream,
+    await_ready,
     device_of,
 )
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype, tensor_type_str
@@ -130,9 +131,11 @@ __all__ = [
     "alloc_ptr",
     "allocate",
     "allocate_tensor",
+    "await_ready",
     "copy_host_bytes",
     "counters",
     "current_scratch",
+    "dlpack",
     "device_of",
     "dtypes",
     "elem_type_name",

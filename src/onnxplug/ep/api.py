@@ -7,8 +7,22 @@ transfers; a per-session *EP* claims nodes, owns kernels and streams, and takes 
 
 Versioning: ``API_VERSION`` is the host's API. A factory declares the API it was written
 against (``api_version``) and the oldest host it can run on (``min_host_api_version``). The
-host refuses a plugin that needs a newer host, and uses an optional callback only when both
+host refuses a plugin that needs a newer host, and uses an optional capability only when both
 sides have it (``supports``): older plugins degrade gracefully, they are never broken.
+
+API versions (``CAPABILITIES`` below names the capability each one adds):
+
+* 1: the object model, kernels, allocators, streams, data transfer, graph capture, shrink;
+* 2: device timing (``Ep.create_device_timer``): a ``DeviceTimer`` times each node's work on
+  its stream while a session or run is profiled; a plugin of API 1 gets host times only;
+* 3: the kernel sync stream (onnxruntime's ``KernelContext_GetSyncStream``, its API 28): a
+  kernel's ``ctx.get_sync_stream()`` is its run's stream and the workspaces it takes
+  (``ctx.scratch``, ``ctx.workspace``) are tagged with that stream in the stream-aware arena, so
+  runs on different streams can overlap safely, and the provider's sessions run concurrently
+  when it says it can. For a plugin written against API 1 or 2 the host falls back as
+  onnxruntime does: ``get_sync_stream()`` is None, the workspaces are untagged and the session
+  runs one run at a time; a plugin on a host older than 3 must not advertise concurrent runs
+  (``supports(api_version, "kernel_context_sync_stream")``).
 """
 
 from __future__ import annotations
@@ -25,26 +39,34 @@ from ..framework.stream import DataTransfer, DeviceTimer, SyncStream
 if TYPE_CHECKING:
     from ..ir.graph import Node
 
-API_VERSION = 2
+API_VERSION = 3
 
-# Optional capabilities and the API version that introduced each. The host calls a capability
+# Optional capabilities and the API version that introduced each. The host uses a capability
 # of a plugin only when both API versions are at least this.
 CAPABILITIES: dict[str, int] = {
     "data_transfer": 1,
     "sync_streams": 1,
     "graph_capture": 1,
     "ep_sync": 1,
-    "kernel_context_sync_stream": 1,
     "allocator_shrink": 1,
     "device_timing": 2,  # Ep.create_device_timer: device time per node while profiling
+    "kernel_context_sync_stream": 3,  # KernelContext.get_sync_stream, tagged workspaces
 }
 
 
 def supports(plugin_api_version: int, capability: str) -> bool:
+    """Whether both the host and a plugin written against ``plugin_api_version`` have
+    ``capability``."""
     needed = CAPABILITIES.get(capability)
     if needed is None:
         return False
     return plugin_api_version >= needed and API_VERSION >= needed
+
+
+def has_kernel_sync_stream(ep: Ep) -> bool:
+    """Whether ``ep``'s plugin and the host both have the kernel sync stream (API 3): its
+    kernels' workspaces are tagged with their stream and its runs may overlap."""
+    return supports(getattr(ep.factory, "api_version", 1), "kernel_context_sync_stream")
 
 
 @dataclass(frozen=True)
@@ -303,6 +325,27 @@ class EpFactory(ABC):
     def create_sync_stream(self, memory_info: MemoryInfo) -> SyncStream | None:
         return None
 
+    # DLPack: tensors in this provider's memory exchanged with other libraries ----------------
+    #: The DLPack ``DLDeviceType`` of this provider's device memory (``onnxplug.ep.dlpack``:
+    #: ``CUDA`` = 2, ...), with the device ordinal as DLPack's device id. None: its tensors are
+    #: exported as host memory when the device is host accessible, else not at all, and no
+    #: DLPack tensor is imported into it.
+    dlpack_device_type: int | None = None
+
+    def dlpack_import_stream(self, device: Device) -> SyncStream | None:
+        """The stream a DLPack producer is asked to order its pending work on when a tensor is
+        imported into ``device`` (its handle is ``__dlpack__``'s ``stream`` argument). The host
+        then activates a notification on it, which every later reader of the tensor waits for.
+        None: the producer is asked for nothing (``stream=None``: the legacy default stream on
+        CUDA)."""
+        return None
+
+    def device_id_of(self, ptr: int) -> int | None:
+        """The ordinal of this provider's device whose memory ``ptr`` points into, for tensors
+        that come without a device (``__cuda_array_interface__``); None: not this provider's
+        memory."""
+        return None
+
 
 __all__ = [
     "API_VERSION",
@@ -314,6 +357,7 @@ __all__ = [
     "GraphView",
     "HardwareDevice",
     "SessionConfig",
+    "has_kernel_sync_stream",
     "supports",
     "types_match",
 ]

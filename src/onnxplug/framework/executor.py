@@ -61,6 +61,7 @@ from .profiler import (
     type_shapes,
 )
 from .scratch import FrameScratch, enter_scratch, exit_scratch
+from .stream import await_ready
 
 _ALIGN = 256
 _FOLD_MAX_ELEMENTS = 1 << 16
@@ -131,6 +132,9 @@ class StepSpec:
     ep_key: str | None  # provider whose stream the kernel runs on (None: host)
     release: tuple[int, ...] = ()
     foldable: bool = False  # output depends only on input shapes and constants
+    # The kernel's provider has the kernel sync stream (plugin API 3): its workspaces are
+    # tagged with its stream. False: onnxruntime's fallback, an untagged workspace.
+    sync_stream: bool = True
 
 
 @dataclass
@@ -243,16 +247,9 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     return n
 
 
-def _root(t: DeviceTensor) -> Any:
-    o = t.owner
-    while isinstance(o, DeviceTensor):
-        o = o.owner
-    return o
-
-
 def _tag(t: DeviceTensor, rec: _Recorder) -> int | None:
     """Index of the allocation of ``rec`` a tensor lives in (None: not recorded by it)."""
-    tag = getattr(_root(t), "tag", None)
+    tag = getattr(t.memory, "tag", None)
     return tag[1] if tag is not None and tag[0] is rec else None
 
 
@@ -384,7 +381,8 @@ class GraphRunner:
             dev0 = spec.out_devices[0] if spec.out_devices else None
             cache = f.scratch.get(dev0) if dev0 is not None else None
             if cache is not None:
-                scratch = _scratch_fn(cache.workspaces, stream)
+                ws = cache.workspaces if spec.sync_stream else cache.untagged_workspaces
+                scratch = _scratch_fn(ws, stream)
             ctx = KernelContext(
                 values,
                 spec.in_slots,
@@ -395,8 +393,10 @@ class GraphRunner:
                 scratch,
                 stream,
             )
+            if not spec.sync_stream:
+                ctx._sync_stream = None
             if cache is not None:
-                ctx._workspace = cache.stack(stream)
+                ctx._workspace = cache.stack(stream, spec.sync_stream)
             f.ctxs.append(ctx)
             release: tuple[int, ...] = ()
             if recorder is None:  # a recording run releases as it records
@@ -812,6 +812,8 @@ class GraphRunner:
             key = self._feed_streams[k]
             stream = frame.streams.get(key) if key is not None else None
             buf = bufs[k] if bufs else None
+            if isinstance(v, DeviceTensor) and v.ready is not None:
+                await_ready(v, stream)  # imported: its producer's work comes first
             if isinstance(v, DeviceTensor) and v.device == dev:
                 if buf is not None and graph_mode and v is not buf and v.shape == buf.shape:
                     # a graph reads the buffer: copy (bound once for a value bound once,
@@ -875,12 +877,13 @@ class GraphRunner:
                 else:
                     pending.append((i, lambda v=v: _to_host(v, plan)))
             elif mode is FETCH_DEVICE:
-                if isinstance(v, DeviceTensor) and _root(v) in frame.blocks.values():
+                if isinstance(v, DeviceTensor) and v.memory in frame.blocks.values():
                     # a planned output is the frame's memory: the caller gets its own copy
                     dst = allocate_tensor(plan.allocators[v.device], v.shape, v.dtype, stream)
                     plan.transfer.copy(v, dst, stream)
                     outs[i] = dst
             else:  # a destination to copy into (an IOBinding's bound value)
+                await_ready(mode, stream)  # imported: its producer may still be using it
                 got = (tuple(getattr(v, "shape", ())), getattr(v, "dtype", None))
                 if got != (tuple(mode.shape), mode.dtype):
                     name = plan.slot_names[plan.output_slots[i]]
@@ -1164,6 +1167,7 @@ def _close_streams(frame: Frame) -> None:
 
 
 def _to_host(v: DeviceTensor, plan: ExecutionPlan) -> np.ndarray:
+    await_ready(v, None)
     return place(v, CPU, plan.transfer, {})
 
 

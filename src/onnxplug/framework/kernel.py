@@ -313,6 +313,7 @@ class KernelContext:
         "_out",
         "_out_alloc",
         "_scratch",
+        "_sync_stream",
         "_workspace",
         "_values",
         "info",
@@ -340,6 +341,9 @@ class KernelContext:
         self._scratch = scratch
         self._workspace: Any = None  # the frame's workspace stack for this stream (see below)
         self.stream = stream
+        # what get_sync_stream() returns: the stream, or None for a provider written against
+        # an API without the kernel sync stream (its workspaces are untagged)
+        self._sync_stream = stream
         self.run_options: Any = None
 
     @property
@@ -428,4 +432,8 @@ class KernelContext:
         return self._scratch(nbytes)
 
     def get_sync_stream(self) -> Any:
-        return self.stream
+        """The run's stream this kernel's work is ordered on, for memory bookkeeping
+        (onnxruntime's ``KernelContext_GetSyncStream``): the workspaces of ``scratch`` and
+        ``workspace`` are tagged with it in a stream-aware arena. None where the provider was
+        written against a plugin API without it (< 3), or runs without a stream."""
+        return self._sync_stream

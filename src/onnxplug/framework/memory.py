@@ -164,10 +164,12 @@ class DeviceTensor:
     """A dense, row-major tensor in a provider's memory.
 
     ``owner`` keeps the memory alive: an ``Allocation`` or another object (the tensor a view
-    was taken from, a foreign buffer, a planned block).
+    was taken from, a foreign buffer, a planned block). ``ready``: for a tensor imported from
+    another library (DLPack), the notification that the producer's pending work on it is
+    done; whoever reads or writes the tensor waits for it first (``stream.await_ready``).
     """
 
-    __slots__ = ("device", "dtype", "owner", "ptr", "shape", "stable_view")
+    __slots__ = ("device", "dtype", "owner", "ptr", "ready", "shape", "stable_view")
 
     def __init__(self, device: Device, dtype: Any, shape: tuple[int, ...], ptr: int, owner: Any):
         self.device = device
@@ -175,10 +177,22 @@ class DeviceTensor:
         self.shape = tuple(int(d) for d in shape)
         self.ptr = ptr
         self.owner = owner
+        self.ready: Any = None
         # A tensor the executor hands out again on every run (same memory, shape and dtype: a
         # slot of a static memory plan) carries a dict here where a provider may keep its
         # array view of it, to skip rebuilding the view every run; None for other tensors.
         self.stable_view: dict[Any, Any] | None = None
+
+    @property
+    def memory(self) -> Any:
+        """What owns the memory (the owner of the tensor a view was taken from, and so on):
+        an ``Allocation``, a planned block, a foreign buffer. A cached array view of a stable
+        tensor keeps this, never the tensor, whose ``stable_view`` holds the view: a
+        reference cycle through a numpy array's base is never collected."""
+        o = self.owner
+        while isinstance(o, DeviceTensor):
+            o = o.owner
+        return o
 
     @property
     def size(self) -> int:
@@ -212,7 +226,9 @@ class DeviceTensor:
         dt = self.dtype if dtype is None else np.dtype(dtype)
         if _numel(shape) * dt.itemsize != self.nbytes:
             raise ValueError(f"cannot view {self.shape} {self.dtype} as {shape} {dt}")
-        return DeviceTensor(self.device, dt, shape, self.ptr, self)
+        v = DeviceTensor(self.device, dt, shape, self.ptr, self)
+        v.ready = self.ready
+        return v
 
     def host_array(self) -> np.ndarray:
         """A numpy view of the memory; only for host-accessible devices."""

@@ -21,6 +21,11 @@ This is also what makes graph capture possible at all: while a frame's stream ca
 request the cache cannot serve would be a device allocation inside the graph, and raises
 ``GraphCaptureViolation`` instead (the capture is abandoned and the run finishes eagerly).
 
+Workspaces of a kernel whose provider has the kernel sync stream (plugin API 3) are tagged with
+the stream in the provider's stream-aware arena; for an older provider they are taken untagged
+(``untagged_workspaces``, onnxruntime's fallback). Either way the frame's own free lists keep
+each stream's blocks apart.
+
 The cache is an ``Allocator`` (of values; ``workspaces`` is the allocator of workspaces), so
 the executor and kernels allocate from it with ``allocate(scratch, nbytes, stream)``, and
 providers route library allocations to it through ``current_scratch(device)`` (set for the
@@ -56,13 +61,15 @@ class FrameScratch(Allocator):
         self._held: set[int] = set()
         self._freed_held: set[int] = set()  # held blocks their user freed meanwhile
         self._hold_free: dict[tuple[int, Any, int], list[int]] = {}  # ... during this hold
-        self.workspaces = _Workspaces(self)
-        self.stacks: dict[Any, WorkspaceStack] = {}  # stream -> the prepared calls' workspace
+        self.workspaces = _Workspaces(self, tagged=True)
+        self.untagged_workspaces = _Workspaces(self, tagged=False)
+        # (stream, tagged) -> the prepared calls' workspace
+        self.stacks: dict[tuple[Any, bool], WorkspaceStack] = {}
 
-    def stack(self, stream: Any) -> WorkspaceStack:
-        st = self.stacks.get(stream)
+    def stack(self, stream: Any, tagged: bool = True) -> WorkspaceStack:
+        st = self.stacks.get((stream, tagged))
         if st is None:
-            st = self.stacks[stream] = WorkspaceStack(self, stream)
+            st = self.stacks[stream, tagged] = WorkspaceStack(self, stream, tagged)
         return st
 
     @property
@@ -75,7 +82,9 @@ class FrameScratch(Allocator):
     def alloc_on_stream(self, size: int, stream: Any) -> int:
         return self.take(size, stream, VALUE)
 
-    def take(self, size: int, stream: Any, kind: int) -> int:
+    def take(self, size: int, stream: Any, kind: int, tagged: bool = True) -> int:
+        """A block of ``size`` bytes for ``stream``; ``tagged``: a new block is tagged with the
+        stream in a stream-aware allocator (else allocated untagged)."""
         key = (size, stream, kind)
         hold = kind == VALUE and self._holding is not None
         with self._lock:
@@ -100,7 +109,7 @@ class FrameScratch(Allocator):
                     "(the warm-up runs did not make this request)"
                 )
             self.misses += 1
-        if stream is not None and self.allocator.is_stream_aware:
+        if tagged and stream is not None and self.allocator.is_stream_aware:
             ptr = self.allocator.alloc_on_stream(size, stream)
         else:
             ptr = self.allocator.alloc(size)
@@ -216,9 +225,10 @@ class WorkspaceStack:
     ALIGN = 256
     MIN_BLOCK = 4 << 20
 
-    def __init__(self, cache: FrameScratch, stream: Any):
+    def __init__(self, cache: FrameScratch, stream: Any, tagged: bool = True):
         self.cache = cache
         self.stream = stream
+        self.tagged = tagged
         self.blocks: list[tuple[int, int]] = []  # (ptr, size)
         self._at = (0, 0)  # (block index, offset)
 
@@ -235,17 +245,20 @@ class WorkspaceStack:
                 return ptr + off
             k, off = k + 1, 0
         cap = max(size, self.MIN_BLOCK)
-        ptr = self.cache.take(cap, self.stream, WORKSPACE)  # never freed before the frame
+        # never freed before the frame
+        ptr = self.cache.take(cap, self.stream, WORKSPACE, self.tagged)
         self.blocks.append((ptr, cap))
         self._at = (len(self.blocks) - 1, size)
         return ptr
 
 
 class _Workspaces(Allocator):
-    """The allocator of a frame's workspace blocks (``KernelContext.scratch``)."""
+    """The allocator of a frame's workspace blocks (``KernelContext.scratch``); ``tagged``:
+    new blocks are tagged with the request's stream."""
 
-    def __init__(self, cache: FrameScratch):
+    def __init__(self, cache: FrameScratch, tagged: bool):
         self.cache = cache
+        self.tagged = tagged
         self.memory_info = cache.memory_info
 
     @property
@@ -256,7 +269,7 @@ class _Workspaces(Allocator):
         return self.cache.take(size, None, WORKSPACE)
 
     def alloc_on_stream(self, size: int, stream: Any) -> int:
-        return self.cache.take(size, stream, WORKSPACE)
+        return self.cache.take(size, stream, WORKSPACE, self.tagged)
 
     def free(self, ptr: int) -> None:
         self.cache.free(ptr)

@@ -36,6 +36,12 @@ class SyncNotification(ABC):
     def wait_on_host(self) -> None:
         """Block the host until the point is reached."""
 
+    def wait_on_handle(self, handle: int) -> None:
+        """Make a raw stream handle of the provider's kind (another library's stream, e.g. a
+        DLPack consumer's ``cudaStream_t``) wait for the point. By default the host waits,
+        which orders every later stream too."""
+        self.wait_on_host()
+
 
 class SyncStream(ABC):
     """An ordered queue of work on one device."""
@@ -78,6 +84,12 @@ class SyncStream(ABC):
 
     @abstractmethod
     def create_notification(self) -> SyncNotification: ...
+
+    def wait_for_handle(self, handle: int) -> None:
+        """Order this stream after the work queued so far on a raw stream handle of the
+        provider's kind (another library's stream, e.g. a ``__cuda_array_interface__``
+        producer's). Providers whose tensors can be imported that way implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot wait for a foreign stream")
 
     @abstractmethod
     def flush(self) -> None:
@@ -199,6 +211,18 @@ class DataTransfer(ABC):
         memory: a frame's staging buffer and its planned tensor), for a run's feeds and
         outputs; None when this transfer has no such form (``copy_tensors`` is used)."""
         return None
+
+
+def await_ready(value: Any, stream: SyncStream | None) -> None:
+    """Order ``stream`` (the host when None) after the producer's pending work on a tensor
+    imported from another library (``DeviceTensor.ready``); nothing for other values."""
+    note = getattr(value, "ready", None)
+    if note is None:
+        return
+    if stream is None:
+        note.wait_on_host()
+    else:
+        note.wait_on_device(stream)
 
 
 def device_of(value: Any) -> Device:

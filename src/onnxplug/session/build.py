@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ep.api import Ep, GraphView, supports
+from ..ep.api import Ep, GraphView, has_kernel_sync_stream, supports
 from ..errors import Fail, InvalidGraph, NotImplemented, OnnxPlugError
 from ..framework.control_flow import SubgraphRunner, place
 from ..framework.copy_kernels import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, CopyKernel
@@ -417,9 +417,10 @@ def build_runner(
         for s in out_slots:
             if s >= 0:
                 producer_step[s] = len(specs)
-        specs.append(
-            StepSpec(kernel, info, in_slots, out_slots, implicit, out_devs, ep_key, (), foldable)
-        )
+        spec = StepSpec(kernel, info, in_slots, out_slots, implicit, out_devs, ep_key, (), foldable)
+        # the host's copy kernels have every capability; a plugin's kernels those of its API
+        spec.sync_stream = step_a is None or has_kernel_sync_stream(ep)
+        specs.append(spec)
 
     output_slots = []
     for vi in graph.outputs:

@@ -27,8 +27,9 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
-from ..ep.api import Ep, EpDevice, SessionConfig, supports
+from ..ep.api import Ep, EpDevice, SessionConfig, has_kernel_sync_stream, supports
 from ..errors import Fail, InvalidArgument, InvalidGraph, OnnxPlugError
+from ..framework import dlpack
 from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
@@ -50,8 +51,22 @@ from .devices import (
 )
 from .environment import Environment, get_environment
 from .memory import SHRINK_RUN_KEY, USE_ENV_ALLOCATORS_KEY, SessionAllocators
-from .options import ExecutionMode, RunOptions, SessionOptions
-from .value import OrtValue, fresh_outputs, to_numpy, unwrap
+from .options import (
+    ExecutionMode,
+    RunOptions,
+    SessionOptions,
+    describe_object_option,
+    is_object_option,
+    option_value,
+)
+from .value import (
+    OrtValue,
+    fresh_outputs,
+    import_cuda_array,
+    import_dlpack,
+    to_numpy,
+    unwrap,
+)
 
 CPU_EP = "CPUExecutionProvider"
 # session config key: a requested provider that cannot be used is an error, not a warning
@@ -287,10 +302,10 @@ class InferenceSession:
             ep_config = dict(config)
             objects: dict[str, Any] = {}
             for key, value in po.items():
-                if callable(value):  # e.g. an external allocator's callbacks
+                if is_object_option(value):  # an external allocator's callback, a stream
                     objects[prefix + key] = value
-                    value = f"<python callable {getattr(value, '__qualname__', '')}>"
-                ep_config[prefix + key] = _opt_str(value)
+                    value = describe_object_option(value)
+                ep_config[prefix + key] = option_value(value)
             self._env.ensure_transfer(factory)
             try:
                 ep = factory.create_ep(list(devices), SessionConfig(ep_config, objects))
@@ -473,8 +488,12 @@ class InferenceSession:
         if capturing:
             runner.capture = GraphCapture(runner, capturing, self._graph_cache_size())
         # onnxruntime serialises the runs of a session whose providers cannot run
-        # concurrently (a unified stream, a user's stream)
-        serial = not all(ep.is_concurrent_run_supported() for ep in self._eps)
+        # concurrently (a unified stream, a user's stream), and of a device provider written
+        # against a plugin API without the kernel sync stream (its workspaces are untagged)
+        serial = not all(
+            ep.is_concurrent_run_supported() and (ep.device.is_cpu or has_kernel_sync_stream(ep))
+            for ep in self._eps
+        )
         self._run_lock: threading.Lock | None = threading.Lock() if serial else None
         self._input_checks = [_TensorCheck.of(vi.name, vi.type) for vi in self._feed_vis]
         # overridable initializers' stored values, placed once where the runner wants them
@@ -959,10 +978,20 @@ def _coerce_tensor(name: str, value: Any, check: _TensorCheck) -> Any:
             value = np.asarray(value)  # a numpy scalar keeps its dtype
         elif isinstance(value, _PY_LITERALS):
             value = _from_python(name, value, dt)
+        elif hasattr(value, "__dlpack__") or dlpack.is_capsule(value):
+            try:  # a PyTorch/CuPy/JAX tensor: used in place, where it is
+                value = import_dlpack(value)
+            except (InvalidArgument, TypeError, BufferError) as e:
+                raise InvalidArgument(f"input '{name}': {e}") from e
+        elif hasattr(value, "__cuda_array_interface__"):
+            try:
+                value = import_cuda_array(value)
+            except (InvalidArgument, TypeError, KeyError, ValueError) as e:
+                raise InvalidArgument(f"input '{name}': {e}") from e
         else:
             raise InvalidArgument(
-                f"input '{name}' must be a numpy array, an OrtValue or a Python number or "
-                f"list, not {type(value).__name__}"
+                f"input '{name}' must be a numpy array, an OrtValue, an object with __dlpack__ "
+                f"or a Python number or list, not {type(value).__name__}"
             )
     if isinstance(value, np.ndarray) and value.dtype.kind in "US":
         value = value.astype(object)  # string tensors are object arrays
@@ -1062,16 +1091,8 @@ def _provider_requests(
             raise InvalidArgument(f"provider entry {p!r} must be a name or (name, options)")
         if provider_options is not None:
             po.update(provider_options[k] or {})
-        requests.append((name, {str(a): _opt_str(b) for a, b in po.items()}, None))
+        requests.append((name, {str(a): option_value(b) for a, b in po.items()}, None))
     return requests
-
-
-def _opt_str(v: Any) -> Any:
-    """A provider option value as a string; a callable (an external allocator's callback)
-    stays itself."""
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    return v if callable(v) else str(v)
 
 
 def _type_name(dt: np.dtype) -> str:

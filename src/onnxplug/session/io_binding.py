@@ -11,7 +11,7 @@ from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.memory import CPU, DeviceTensor
 from ..framework.stream import device_of
-from .value import OrtValue, _as_dtype, to_numpy, unwrap
+from .value import OrtValue, _as_dtype, import_dlpack, to_numpy, unwrap
 
 
 class IOBinding:
@@ -23,6 +23,11 @@ class IOBinding:
 
     # inputs ---------------------------------------------------------------------------------
     def bind_cpu_input(self, name: str, arr_on_cpu: Any) -> None:
+        """Bind a host array; an object with ``__dlpack__`` (a PyTorch CPU tensor, say) is
+        bound in place, like a numpy array."""
+        if hasattr(arr_on_cpu, "__dlpack__") and not isinstance(arr_on_cpu, np.ndarray):
+            self._inputs[name] = import_dlpack(arr_on_cpu)
+            return
         self._inputs[name] = np.asarray(arr_on_cpu)
 
     def bind_input(

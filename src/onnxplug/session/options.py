@@ -289,14 +289,33 @@ def _severity(value: Any, what: str) -> int:
     return int(value)
 
 
+def option_value(v: Any) -> Any:
+    """A provider option value as the session stores it: a string, except the values that
+    stay Python objects (``is_object_option``)."""
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return v if is_object_option(v) else str(v)
+
+
+def is_object_option(v: Any) -> bool:
+    """Provider option values kept as Python objects: callables (an external allocator's
+    callbacks) and streams (any object with ``__cuda_stream__``: a torch.cuda.Stream, a CuPy
+    stream), which the provider keeps alive for the session."""
+    return callable(v) or hasattr(v, "__cuda_stream__")
+
+
+def describe_object_option(v: Any) -> str:
+    """The config entry that stands for an object option (the object is passed beside it)."""
+    if hasattr(v, "__cuda_stream__"):
+        return f"<python stream {type(v).__qualname__}>"
+    return f"<python callable {getattr(v, '__qualname__', type(v).__name__)}>"
+
+
 def _str_options(provider: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """Option values as strings; callables (e.g. an external allocator's callbacks) stay
-    Python objects."""
+    """Option values as strings; object options (``is_object_option``) stay objects."""
     out: dict[str, Any] = {}
     for k, v in (options or {}).items():
         if not isinstance(k, str):
             raise InvalidArgument(f"{provider}: provider option keys must be strings, got {k!r}")
-        if isinstance(v, bool):
-            v = "1" if v else "0"
-        out[k] = v if callable(v) else str(v)
+        out[k] = option_value(v)
     return out

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument
-from ..framework.memory import CPU, DeviceTensor, allocate_tensor
-from ..framework.stream import device_of
+from ..framework import dlpack
+from ..framework.memory import CPU, DeviceTensor, allocate_tensor, host_view
+from ..framework.stream import await_ready, device_of
 from ..ir.types import elem_type_from_name, elem_type_of, np_dtype, tensor_type_str
 from .environment import get_environment
 
@@ -40,6 +41,7 @@ def to_numpy(value: Any) -> Any:
     """A host copy of a runtime value (tensors to numpy, sequences to lists)."""
     if isinstance(value, DeviceTensor):
         out = np.empty(value.shape, dtype=value.dtype)
+        await_ready(value, None)
         get_environment().transfer_for(value.device).copy(value, out)
         return out
     if isinstance(value, np.ndarray) and value.dtype.kind in "US":
@@ -162,20 +164,15 @@ class OrtValue:
 
     @staticmethod
     def from_dlpack(data: Any, is_bool_tensor: bool = False) -> OrtValue:
-        dev = getattr(data, "__dlpack_device__", None)
-        if dev is not None and dev()[0] != 1:  # not kDLCPU: a provider must import it
-            env = get_environment()
-            for d in env.registry.ep_devices():
-                importer = getattr(d.factory, "tensor_from_dlpack", None)
-                if importer is not None:
-                    t = importer(data)
-                    if t is not None:
-                        return OrtValue(t)
-            raise InvalidArgument("no execution provider can import this DLPack device tensor")
-        arr = np.from_dlpack(data)
-        if is_bool_tensor and arr.dtype != np.bool_:
-            arr = arr.astype(np.bool_)
-        return OrtValue(arr)
+        """An OrtValue sharing the memory of ``data``: an object with ``__dlpack__`` (a
+        PyTorch tensor, a CuPy or JAX array, a numpy array) or a DLPack capsule. Host memory
+        becomes a numpy array; device memory a tensor of the provider whose DLPack device it
+        is, whose streams wait for the producer's pending work before reading it.
+        ``is_bool_tensor`` reads a uint8 tensor as bool (DLPack producers without kDLBool)."""
+        v = import_dlpack(data)
+        if is_bool_tensor and v.dtype == np.uint8:
+            v = v.view(np.bool_) if isinstance(v, np.ndarray) else v.view(v.shape, np.bool_)
+        return OrtValue(v)
 
     # introspection --------------------------------------------------------------------------
     def _tensor(self) -> Any:
@@ -256,33 +253,54 @@ class OrtValue:
         if isinstance(t, np.ndarray):
             np.copyto(t, src)
         else:
+            await_ready(t, None)
             get_environment().transfer_for(t.device).copy(src, t)
 
     # DLPack -----------------------------------------------------------------------------------
     def to_dlpack(self) -> Any:
-        t = self._tensor()
-        if isinstance(t, np.ndarray):
-            return t.__dlpack__()
-        env = get_environment()
-        d = env.find_device(t.device.type, t.device.id)
-        exporter = getattr(d.factory, "tensor_to_dlpack", None)
-        if exporter is None:
-            raise InvalidArgument(f"execution provider '{d.ep_name}' cannot export DLPack tensors")
-        return exporter(t)
+        """A DLPack capsule sharing this tensor's memory (see ``__dlpack__``)."""
+        return self.__dlpack__()
 
-    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
-        """DLPack export; keyword arguments of newer protocol versions (``max_version``,
-        ``dl_device``, ``copy``) are passed on to numpy for host tensors."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Any = None,
+        dl_device: Any = None,
+        copy: Any = None,
+    ) -> Any:
+        """A DLPack capsule sharing this tensor's memory, for ``torch.from_dlpack``,
+        ``cupy.from_dlpack``, ``np.from_dlpack``... ``stream`` is the consumer's stream (CUDA:
+        a ``cudaStream_t``, None the legacy default stream, -1 no synchronisation): work still
+        pending on the tensor is ordered before it. No copy is ever made (``copy=True`` and a
+        ``dl_device`` other than the tensor's are a BufferError); device tensors come as
+        legacy ("dltensor") capsules, which every consumer reads."""
         t = self._tensor()
-        if isinstance(t, np.ndarray):
-            return t.__dlpack__(stream=stream, **kwargs)
-        return self.to_dlpack()
+        if isinstance(t, np.ndarray) and t.dtype.kind != "V":
+            extra = {
+                k: v
+                for k, v in (("max_version", max_version), ("dl_device", dl_device), ("copy", copy))
+                if v is not None
+            }
+            return t.__dlpack__(stream=stream, **extra)
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(int(x) for x in dl_device) != device:
+            raise BufferError(f"the tensor is on DLPack device {device}, not {tuple(dl_device)}")
+        if copy:
+            raise BufferError("OrtValue.__dlpack__ shares memory; copy=True is not supported")
+        if isinstance(t, np.ndarray):  # bfloat16, float8 (ml_dtypes): numpy has no DLPack code
+            if not t.flags.c_contiguous:
+                raise BufferError(f"a non-contiguous {t.dtype} array cannot be shared")
+            return dlpack.to_capsule(t.ctypes.data, t.shape, t.dtype, dlpack.CPU, 0, t)
+        if t.ready is not None and stream != dlpack.NO_SYNC:
+            t.ready.wait_on_handle(dlpack.LEGACY_DEFAULT_STREAM if stream is None else stream)
+        return dlpack.to_capsule(t.ptr, t.shape, t.dtype, device[0], device[1], t)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         t = self._tensor()
         if isinstance(t, np.ndarray):
-            return (1, 0)
-        return (2 if t.device.type == "cuda" else 1, t.device.id)
+            return (dlpack.CPU, 0)
+        return dlpack_device_of(t)
 
     def __repr__(self) -> str:
         v = self._value
@@ -298,4 +316,163 @@ def unwrap(value: Any) -> Any:
     return value._value if isinstance(value, OrtValue) else value
 
 
-__all__ = ["CPU", "OrtValue", "Value", "fresh_outputs", "to_numpy", "unwrap"]
+def dlpack_device_of(t: DeviceTensor) -> tuple[int, int]:
+    """The DLPack device of a tensor in a provider's memory: the provider's DLPack device type
+    and the device ordinal; host-accessible memory of a provider without one is host memory."""
+    env = get_environment()
+    for d in env.registry.ep_devices():
+        if d.memory_info.device == t.device:
+            kind = d.factory.dlpack_device_type
+            if kind is not None:
+                return (int(kind), t.device.id)
+    if t.device.host_accessible:
+        return (dlpack.CPU, 0)
+    raise BufferError(f"tensors on {t.device} cannot be exchanged through DLPack")
+
+
+def import_dlpack(data: Any) -> Any:
+    """The tensor a DLPack producer (an object with ``__dlpack__``, or a capsule) holds, in
+    place: a numpy array for host memory, a DeviceTensor of the provider whose DLPack device
+    it is for device memory, with ``ready`` set when that provider has an import stream."""
+    capsule = data if dlpack.is_capsule(data) else None
+    if capsule is not None:
+        kind, dev_id = dlpack.capsule_device(capsule)
+    else:
+        try:
+            kind, dev_id = (int(x) for x in data.__dlpack_device__())
+        except AttributeError:
+            raise InvalidArgument(
+                f"{type(data).__name__} is neither a DLPack capsule nor an object with "
+                "__dlpack__ and __dlpack_device__"
+            ) from None
+    if kind in dlpack.HOST_TYPES:
+        # our reader, not numpy's: it also reads bfloat16 and float8 (ml_dtypes)
+        return _host_array(dlpack.from_capsule(capsule or _request(data)))
+    env = get_environment()
+    ep_device = next(
+        (
+            d
+            for d in env.registry.ep_devices()
+            if d.factory.dlpack_device_type == kind and d.memory_info.device.id == dev_id
+        ),
+        None,
+    )
+    if ep_device is None:
+        raise InvalidArgument(
+            f"no execution provider offers DLPack device ({kind}, {dev_id}) (device type "
+            f"{kind}, id {dev_id}); available providers: "
+            f"{sorted({d.ep_name for d in env.registry.ep_devices()})}"
+        )
+    factory, device = ep_device.factory, ep_device.memory_info.device
+    env.ensure_transfer(factory)
+    stream = factory.dlpack_import_stream(device)
+    if capsule is None:
+        capsule = _request(data, stream.handle if stream is not None else None)
+    imp = dlpack.from_capsule(capsule)
+    if (imp.device_type, imp.device_id) != (kind, dev_id):
+        raise InvalidArgument(
+            f"the DLPack capsule is on device ({imp.device_type}, {imp.device_id}), but its "
+            f"producer said ({kind}, {dev_id})"
+        )
+    if not imp.is_contiguous:
+        raise InvalidArgument(
+            f"a DLPack tensor of shape {list(imp.shape)} with strides {list(imp.strides or ())} "
+            "is not dense row-major; make it contiguous first (e.g. .contiguous())"
+        )
+    t = DeviceTensor(device, imp.dtype, imp.shape, imp.ptr, imp.owner)
+    if stream is not None:
+        note = stream.create_notification()
+        note.activate()
+        t.ready = note
+    return t
+
+
+def import_cuda_array(data: Any) -> DeviceTensor:
+    """A tensor given by ``__cuda_array_interface__`` (Numba, older CuPy...), in place, on the
+    device its pointer belongs to; the interface's ``stream`` (where the producer's pending
+    work is queued) is waited for by every reader, through the provider's import stream."""
+    cai = data.__cuda_array_interface__
+    if cai.get("mask") is not None:
+        raise InvalidArgument("__cuda_array_interface__ tensors with a mask are not supported")
+    ptr, _ = cai["data"]
+    shape = tuple(int(d) for d in cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    strides = cai.get("strides")
+    if strides is not None and (
+        any(s % dtype.itemsize for s in strides)
+        or not dlpack.is_row_major(shape, tuple(s // dtype.itemsize for s in strides))
+    ):
+        raise InvalidArgument(
+            f"a __cuda_array_interface__ tensor of shape {list(shape)} with byte strides "
+            f"{list(strides)} is not dense row-major; make it contiguous first"
+        )
+    env = get_environment()
+    for d in env.registry.ep_devices():
+        f = d.factory
+        if f.dlpack_device_type != dlpack.CUDA or not ptr:
+            continue
+        if f.device_id_of(int(ptr)) != d.memory_info.device.id:
+            continue
+        device = d.memory_info.device
+        env.ensure_transfer(f)
+        t = DeviceTensor(device, dtype, shape, int(ptr), data)
+        producer = cai.get("stream")
+        stream = f.dlpack_import_stream(device)
+        if producer is not None and stream is not None:
+            stream.wait_for_handle(int(producer))
+            note = stream.create_notification()
+            note.activate()
+            t.ready = note
+        return t
+    raise InvalidArgument(
+        "no execution provider owns the memory of this __cuda_array_interface__ tensor "
+        f"(address 0x{int(ptr):x})"
+    )
+
+
+def _request(data: Any, stream: int | None = None) -> Any:
+    """``data``'s capsule, asked for as DLPack 1.x (which can say "read-only"), else as the
+    producer's older protocol allows; ``stream``: the consumer's stream, if any."""
+    kwargs: dict[str, Any] = {} if stream is None else {"stream": stream}
+    try:
+        return data.__dlpack__(max_version=(1, 0), **kwargs)
+    except TypeError:  # a producer older than DLPack 1.0's keywords
+        pass
+    try:
+        return data.__dlpack__(**kwargs)
+    except TypeError:  # ... or than the stream argument
+        return data.__dlpack__()
+
+
+def _host_array(imp: dlpack.Imported) -> np.ndarray:
+    """A numpy array over host memory a DLPack import describes."""
+    if imp.is_contiguous:
+        arr = host_view(imp.ptr, imp.shape, imp.dtype, imp.owner)
+    else:
+        assert imp.strides is not None
+        # the elements span [ptr + low, ptr + high] (negative strides reach below ptr): view
+        # exactly that memory, and stride from ptr within it
+        extents = [(d - 1) * s for d, s in zip(imp.shape, imp.strides, strict=True) if d > 0]
+        low = sum(e for e in extents if e < 0)
+        high = sum(e for e in extents if e > 0)
+        size = imp.dtype.itemsize
+        flat = host_view(imp.ptr + low * size, (high - low + 1,), imp.dtype, imp.owner)
+        arr = np.lib.stride_tricks.as_strided(
+            flat[-low:], imp.shape, tuple(s * size for s in imp.strides)
+        )
+    if imp.readonly:
+        arr.flags.writeable = False
+    return arr
+
+
+__all__ = [
+    "CPU",
+    "OrtValue",
+    "Value",
+    "dlpack_device_of",
+    "fresh_outputs",
+    "import_cuda_array",
+    "import_dlpack",
+    "to_numpy",
+    "unwrap",
+]

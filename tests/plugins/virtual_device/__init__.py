@@ -14,7 +14,11 @@ Register it with::
 ``create_arena_factory`` offers ``virt:2`` as "VirtualDeviceArenaExecutionProvider", whose
 sessions share one BFC arena over the device's memory;
 ``create_shared_device_factory`` offers ``virt:0`` again as "VirtualDeviceBExecutionProvider"
-(two providers on one device, so values cross streams without copies).
+(two providers on one device, so values cross streams without copies);
+``create_api1_factory`` and ``create_api2_factory`` offer ``virt:3`` and ``virt:4`` as
+"VirtualDeviceApi1ExecutionProvider" and "VirtualDeviceApi2ExecutionProvider", the plugin
+written against plugin API 1 and 2 (no kernel sync stream; API 2 has device timing), whose
+sessions share a BFC arena.
 """
 
 from .allocator import VirtAllocator
@@ -24,6 +28,8 @@ from .stream import Stats, VirtDataTransfer, VirtNotification, VirtStream, VirtT
 SECOND_NAME = "VirtualDevice1ExecutionProvider"
 SHARED_DEVICE_NAME = "VirtualDeviceBExecutionProvider"
 ARENA_NAME = "VirtualDeviceArenaExecutionProvider"
+API1_NAME = "VirtualDeviceApi1ExecutionProvider"
+API2_NAME = "VirtualDeviceApi2ExecutionProvider"
 
 
 def create_factory() -> VirtualDeviceFactory:
@@ -42,7 +48,17 @@ def create_arena_factory() -> VirtualDeviceFactory:
     return VirtualDeviceFactory(ARENA_NAME, 2, arena=True)
 
 
+def create_api1_factory() -> VirtualDeviceFactory:
+    return VirtualDeviceFactory(API1_NAME, 3, arena=True, api_version=1)
+
+
+def create_api2_factory() -> VirtualDeviceFactory:
+    return VirtualDeviceFactory(API2_NAME, 4, arena=True, api_version=2)
+
+
 __all__ = [
+    "API1_NAME",
+    "API2_NAME",
     "ARENA_NAME",
     "NAME",
     "SECOND_NAME",
@@ -55,6 +71,8 @@ __all__ = [
     "VirtTimer",
     "VirtualDeviceEp",
     "VirtualDeviceFactory",
+    "create_api1_factory",
+    "create_api2_factory",
     "create_arena_factory",
     "create_factory",
     "create_second_factory",

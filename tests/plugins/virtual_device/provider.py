@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from onnxplug.ep import (
     Allocator,
@@ -19,6 +19,9 @@ from onnxplug.ep import (
     MemoryInfo,
     SessionConfig,
     SharedArenas,
+    SyncStream,
+    dlpack,
+    supports,
 )
 
 from .allocator import VirtAllocator
@@ -79,7 +82,13 @@ class VirtualDeviceEp(Ep):
         return VirtStream(self.device, self.stats)
 
     def is_concurrent_run_supported(self) -> bool:
-        return self.stream_mode != "unified"
+        if self.stream_mode == "unified":
+            return False
+        # Written against API 3, the plugin needs the host's kernel sync stream for runs to
+        # overlap (as onnxruntime's CUDA plugin checks the runtime's API version); a plugin
+        # written against API 1 or 2 knows nothing of it and says yes (the host serialises it).
+        version = self.factory.api_version
+        return version < 3 or supports(version, "kernel_context_sync_stream")
 
     def create_device_timer(self) -> VirtTimer | None:
         # asked for only while profiling; without streams the work is the host's
@@ -145,8 +154,19 @@ class VirtualDeviceFactory(EpFactory):
     vendor = VENDOR
     vendor_id = VENDOR_ID
     version = "1.0.0"
+    # DLPack's test device type: virtual-device tensors go to and from other libraries (the
+    # test stand-in ``foreign.VirtArray``) as device memory, never as host memory
+    dlpack_device_type = dlpack.EXT_DEV
 
-    def __init__(self, name: str = NAME, device_id: int = 0, arena: bool = False):
+    def __init__(
+        self,
+        name: str = NAME,
+        device_id: int = 0,
+        arena: bool = False,
+        api_version: int | None = None,
+    ):
+        if api_version is not None:  # a plugin written against an older API
+            self.api_version = api_version
         self.name = name
         self.device = Device("virt", device_id, VENDOR_ID, host_accessible=True)
         self.memory_info = MemoryInfo("Virt", self.device)
@@ -155,6 +175,10 @@ class VirtualDeviceFactory(EpFactory):
         self.stats = Stats()
         self.eps_created = 0
         self.last_config: SessionConfig | None = None  # what the last EP was created with
+        # Set by a test: called at the start of every kernel's queued work, on the thread
+        # that runs it (to see which device work overlaps, or make concurrent runs meet).
+        self.rendezvous: Callable[[], None] | None = None
+        self._import_stream: VirtStream | None = None
 
     def get_supported_devices(self, hardware: list[HardwareDevice]) -> list[EpDevice]:
         # the host only discovers the CPU: the plugin enumerates its own device
@@ -211,3 +235,10 @@ class VirtualDeviceFactory(EpFactory):
 
     def create_sync_stream(self, memory_info: MemoryInfo) -> VirtStream:
         return VirtStream(self.device, self.stats)
+
+    def dlpack_import_stream(self, device: Device) -> SyncStream | None:
+        if device != self.device:
+            return None
+        if self._import_stream is None:
+            self._import_stream = VirtStream(self.device, self.stats)
+        return self._import_stream

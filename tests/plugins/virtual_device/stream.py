@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,14 @@ class Stats:
             self._counts.clear()
 
 
+# Streams by handle: what a raw handle (DLPack's stream argument) names.
+_BY_HANDLE: weakref.WeakValueDictionary[int, VirtStream] = weakref.WeakValueDictionary()
+
+
+def stream_of(handle: int) -> VirtStream | None:
+    return _BY_HANDLE.get(handle)
+
+
 def submit(stream: Any, fn: Callable[[], None]) -> None:
     """Queue ``fn`` on ``stream``; without a stream of ours the work is synchronous."""
     if isinstance(stream, VirtStream):
@@ -68,7 +77,13 @@ class VirtStream(SyncStream):
         self._run_lock = threading.RLock()
         self.closed = False
         self._recording: list[Callable[[], None]] | None = None  # a graph being captured
+        _BY_HANDLE[id(self)] = self
         stats.add("streams")
+
+    @property
+    def handle(self) -> int:
+        """The raw handle other libraries pass around (``stream_of`` finds the stream)."""
+        return id(self)
 
     @property
     def enqueued(self) -> int:
@@ -161,6 +176,13 @@ class VirtNotification(SyncNotification):
     def wait_on_host(self) -> None:
         self.stream.stats.add("host_waits")
         self.stream.run_until(self.seq)
+
+    def wait_on_handle(self, handle: int) -> None:
+        consumer = stream_of(handle)
+        if consumer is None:  # not one of ours (a legacy default stream, say): the host waits
+            self.wait_on_host()
+        else:
+            self.wait_on_device(consumer)
 
 
 class VirtMark:

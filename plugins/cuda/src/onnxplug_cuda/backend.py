@@ -43,12 +43,13 @@ class CupyBackend:
         """A CuPy array over a tensor's memory (no copy). bfloat16 is viewed as uint16.
 
         Tensors of a static memory plan come back every run: their view is built once and
-        kept on the tensor (holding the plan's block, not the tensor: no reference cycle)."""
+        kept on the tensor (holding the plan's block, not the tensor or the tensor it views:
+        no reference cycle)."""
         cache = t.stable_view
         if cache is not None:
             v = cache.get(self)
             if v is None:
-                v = cache[self] = self._make_view(t, t.owner)
+                v = cache[self] = self._make_view(t, t.memory)
             return v
         return self._make_view(t, t)
 

@@ -19,6 +19,7 @@ from onnxplug.ep import (
     KernelRegistry,
     MemoryInfo,
     SessionConfig,
+    supports,
 )
 
 from .options import CudaOptions, parse_options
@@ -189,7 +190,13 @@ class CudaEp(Ep):
         return s
 
     def is_concurrent_run_supported(self) -> bool:
-        return not self.options.unified_stream
+        """Runs may overlap on streams of their own unless one stream serves every run (a
+        user's stream, an external allocator, ``use_ep_level_unified_stream``), and only on a
+        host with the kernel sync stream (onnxruntime's plugin EP: runtime API >= 28), whose
+        workspace tagging keeps overlapping runs apart in the shared arena."""
+        if self.options.unified_stream:
+            return False
+        return supports(self.factory.api_version, "kernel_context_sync_stream")
 
     def sync(self) -> None:
         self.factory.synchronize(self.ordinal)

@@ -28,6 +28,7 @@ from onnxplug.ep import (
     MemType,
     SessionConfig,
     SharedArenas,
+    dlpack,
 )
 
 from .ep import NAME, CudaEp, create_ep
@@ -43,12 +44,17 @@ class CudaEpFactory(EpFactory):
     vendor_id = NVIDIA
     version = "0.1.0"
     device_type = "cuda"
-    min_host_api_version = 2  # its node timer is a DeviceTimer (API version 2)
+    # Written against API 3 (its kernels' workspaces are tagged with their sync stream, so its
+    # sessions run concurrently); it needs API 2 (its node timer is a DeviceTimer), and on a
+    # host of API 2 it does not advertise concurrent runs (``CudaEp.is_concurrent_run_supported``)
+    api_version = 3
+    min_host_api_version = 2
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._shared = SharedArenas(self.name)
         self._backends: dict[int, Any] = {}
+        self._import_streams: dict[int, Any] = {}  # ordinal -> DLPack import stream
         self._reason: str | None = None
 
     # devices ------------------------------------------------------------------------------------
@@ -212,17 +218,38 @@ class CudaEpFactory(EpFactory):
     def is_stream_aware(self) -> bool:
         return True
 
-    # DLPack -------------------------------------------------------------------------------------
-    def tensor_to_dlpack(self, t: Any) -> Any:
-        return self.backend_for(t.device.id).view(t).toDlpack()
+    # DLPack and the CUDA array interface -----------------------------------------------------
+    dlpack_device_type = dlpack.CUDA
 
-    def tensor_from_dlpack(self, obj: Any) -> Any:
-        dev = obj.__dlpack_device__()
-        if dev[0] != 2:  # kDLCUDA
+    def dlpack_import_stream(self, device: Device) -> Any:
+        """One stream per device on which DLPack producers (and ``__cuda_array_interface__``
+        streams) order their pending work; the runs that read an imported tensor wait on an
+        event recorded on it, so no host synchronisation is needed."""
+        if device.type != self.device_type:
             return None
-        b = self.backend_for(int(dev[1]))
-        arr = b.xp.from_dlpack(obj)
-        return b.wrap(arr)
+        with self._lock:
+            s = self._import_streams.get(device.id)
+            if s is None:
+                from .stream import CudaSyncStream
+
+                s = self._import_streams[device.id] = CudaSyncStream(
+                    device, device.id, None, enable_cudnn=False, shared=True
+                )
+            return s
+
+    def device_id_of(self, ptr: int) -> int | None:
+        """The ordinal of the device whose memory ``ptr`` points into (None: not device
+        memory of this process)."""
+        from .runtime import cudart
+
+        rt = cudart()
+        err, attrs = rt.cudaPointerGetAttributes(ptr)
+        if int(err) != 0:
+            rt.cudaGetLastError()
+            return None
+        if attrs.type != rt.cudaMemoryType.cudaMemoryTypeDevice:
+            return None
+        return int(attrs.device)
 
 
 @functools.cache

@@ -86,9 +86,29 @@ def _mem_limit(key: str, v: str) -> int:
     return SIZE_MAX if n == 0 else n  # onnxruntime treats 0 as unlimited
 
 
-# Session options whose values are Python objects, not strings (the external allocator's
-# callbacks may be callables).
+# Session options whose values may be Python objects, not strings: the external allocator's
+# callbacks may be callables, the user's stream an object with ``__cuda_stream__``.
 OBJECT_KEYS = frozenset({"gpu_external_alloc", "gpu_external_free", "gpu_external_empty_cache"})
+STREAM_KEY = "user_compute_stream"
+
+
+def stream_handle(label: str, obj: Any) -> int:
+    """The ``cudaStream_t`` of an object implementing the CUDA stream protocol
+    (``__cuda_stream__() -> (version, handle)``: torch.cuda.Stream, CuPy and cuda.core
+    streams)."""
+    try:
+        got = obj.__cuda_stream__()
+        version, handle = got
+        handle = int(handle)
+    except Exception as e:
+        raise InvalidArgument(
+            f"CUDA provider option {label}: {type(obj).__name__}.__cuda_stream__() must return "
+            f"(version, stream handle) ({type(e).__name__}: {e})"
+        ) from None
+    if handle < 0:
+        raise InvalidArgument(f"CUDA provider option {label}: a stream handle cannot be negative")
+    return handle
+
 
 CONV_ALGO_SEARCH = {"EXHAUSTIVE": 0, "HEURISTIC": 1, "DEFAULT": 2}
 ARENA_EXTEND_STRATEGY = {"kNextPowerOfTwo": 0, "kSameAsRequested": 1}
@@ -152,7 +172,12 @@ SPECS: tuple[OptionSpec, ...] = (
         False,
         doc="user_compute_stream is set (0 is a valid stream)",
     ),
-    OptionSpec("user_compute_stream", _pointer, 0, doc="run on this cudaStream_t (address)"),
+    OptionSpec(
+        "user_compute_stream",
+        _pointer,
+        0,
+        doc="run on this cudaStream_t (an address, or an object with __cuda_stream__)",
+    ),
     OptionSpec("gpu_external_alloc", _pointer, 0, doc="external allocator: alloc(size) -> address"),
     OptionSpec("gpu_external_free", _pointer, 0, doc="external allocator: free(address)"),
     OptionSpec("gpu_external_empty_cache", _pointer, 0, doc="external allocator: empty_cache()"),
@@ -192,6 +217,9 @@ class CudaOptions:
     sdpa_kernel: int = 0
     has_user_compute_stream: bool = False
     user_compute_stream: int = 0
+    # the stream object ``user_compute_stream`` came as (its handle is above), kept alive for
+    # the session; never closed or destroyed by the provider
+    user_stream_object: Any = field(default=None, compare=False)
     gpu_external_alloc: Any = 0  # an address or a Python callable
     gpu_external_free: Any = 0
     gpu_external_empty_cache: Any = 0
@@ -228,7 +256,7 @@ class CudaOptions:
         """Effective values, as ``get_provider_options()`` reports them."""
         out = {}
         for f in fields(self):
-            if f.name in ("warnings", "arena"):
+            if f.name in ("warnings", "arena", "user_stream_object"):
                 continue
             v = getattr(self, f.name)
             if callable(v):
@@ -273,7 +301,10 @@ def parse_options(
                 f"'{spec.key}'" if hit[0] == spec.key else f"'{spec.key}' (config key '{hit[0]}')"
             )
             obj = (objects or {}).get(hit[0])
-            if obj is not None:
+            if obj is not None and spec.key == STREAM_KEY and hasattr(obj, "__cuda_stream__"):
+                values[spec.key] = stream_handle(label, obj)
+                values["user_stream_object"] = obj  # kept alive while the session runs on it
+            elif obj is not None:
                 if spec.key not in OBJECT_KEYS or not callable(obj):
                     raise InvalidArgument(
                         f"CUDA provider option {label} must be a string, not a {type(obj).__name__}"
@@ -284,12 +315,7 @@ def parse_options(
     _reject_unknown(config, provider_name)
     values["arena"] = tuple(sorted(_arena_options(config, provider_name, values).items()))
     warnings: list[str] = []
-    if values.get("user_compute_stream") and "has_user_compute_stream" not in values:
-        values["has_user_compute_stream"] = True
-    if values.get("has_user_compute_stream") and "user_compute_stream" not in values:
-        raise InvalidArgument(
-            "CUDA provider option 'has_user_compute_stream' is 1 but 'user_compute_stream' is not set"
-        )
+    values["has_user_compute_stream"] = _has_user_stream(values)
     ext = [bool(values.get("gpu_external_alloc")), bool(values.get("gpu_external_free"))]
     if any(ext) and not all(ext):
         raise InvalidArgument(
@@ -397,6 +423,24 @@ def _arena_options(
                 out[name] = value
     arena_settings(out, f"{provider_name} (session options)")
     return out
+
+
+def _has_user_stream(values: Mapping[str, Any]) -> bool:
+    """``has_user_compute_stream`` derived as onnxruntime does: a stream given (a non-zero
+    address, or a stream object) is the user's stream whatever the flag says (onnxruntime's
+    ``FromProviderOptions`` recomputes the flag); the address 0 (the legacy default stream,
+    which ``torch.cuda.current_stream()`` may be) counts as a user stream when the flag says so
+    or when it came as a stream object, as in onnxruntime's plugin EP. The flag without a
+    stream is an error."""
+    flag = values.get("has_user_compute_stream")
+    if STREAM_KEY not in values:
+        if flag:
+            raise InvalidArgument(
+                "CUDA provider option 'has_user_compute_stream' is 1 but 'user_compute_stream' "
+                "is not set"
+            )
+        return False
+    return bool(values[STREAM_KEY]) or "user_stream_object" in values or bool(flag)
 
 
 def _reject_unknown(config: Mapping[str, str], provider_name: str) -> None:

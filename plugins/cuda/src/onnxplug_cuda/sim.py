@@ -36,7 +36,17 @@ SIM_TYPE = "cudasim"
 
 
 class SimStream(ImmediateStream):
-    """Work runs at once on the host, so there is nothing to wait for."""
+    """Work runs at once on the host, so there is nothing to wait for. Its ``handle`` is the
+    user's stream handle for a user's stream (``user_compute_stream``), else a number of its
+    own, so that tests can see which stream a run used."""
+
+    def __init__(self, device: Device, user_handle: int | None = None):
+        super().__init__(device)
+        self._handle = id(self) if user_handle is None else int(user_handle)
+
+    @property
+    def handle(self) -> int:
+        return self._handle
 
     def flush(self) -> None:
         counters.bump(counters.HOST_SYNCS)  # what the real stream's synchronise would be
@@ -57,7 +67,7 @@ class NumpyBackend:
             v = cache.get(self)
             if v is None:
                 counters.bump(counters.VIEWS_BUILT)
-                v = cache[self] = host_view(t.ptr, t.shape, t.dtype, t.owner)
+                v = cache[self] = host_view(t.ptr, t.shape, t.dtype, t.memory)
             return v
         counters.bump(counters.VIEWS_BUILT)
         return t.host_array()
@@ -104,6 +114,13 @@ class CudaSimEpFactory(CudaEpFactory):
     name = SIM_NAME
     vendor = "onnxplug"
     device_type = SIM_TYPE
+    dlpack_device_type = None  # host memory: exchanged through DLPack as host memory
+
+    def dlpack_import_stream(self, device: Device) -> Any:
+        return None
+
+    def device_id_of(self, ptr: int) -> int | None:
+        return None
 
     def probe(self) -> tuple[list[CudaDeviceInfo], str | None]:
         return [CudaDeviceInfo(0, "host-simulated CUDA device", 9, 0, 1 << 34, 1)], None
@@ -127,7 +144,7 @@ class CudaSimEpFactory(CudaEpFactory):
     def _new_stream(
         self, ep: Any, user_handle: int | None, on_close: Any, shared: bool
     ) -> SimStream:
-        s = SimStream(ep.device)
+        s = SimStream(ep.device, user_handle)
         s.frame_owned = not shared
         return s
 

@@ -37,6 +37,13 @@ class CudaNotification(SyncNotification):
         check(cudart().cudaStreamWaitEvent(consumer.handle, self.event, 0), "cudaStreamWaitEvent")
         consumer.record_wait(self.producer, self.sync_id)
 
+    def wait_on_handle(self, handle: int) -> None:
+        """Make another library's stream (a DLPack consumer's; 1 and 2 are the legacy and
+        per-thread default streams, which the runtime API takes as handles) wait for it. On the
+        event's device: the default-stream handles name the current device's stream."""
+        with DeviceGuard(self.producer.ordinal):
+            check(cudart().cudaStreamWaitEvent(handle, self.event, 0), "cudaStreamWaitEvent")
+
     def wait_on_host(self) -> None:
         if self.producer.capturing:
             raise GraphCaptureViolation("a host wait on a stream capturing a graph")
@@ -174,6 +181,22 @@ class CudaSyncStream(SyncStream):
     # protocol -------------------------------------------------------------------------------------
     def create_notification(self) -> CudaNotification:
         return CudaNotification(self)
+
+    def wait_for_handle(self, handle: int) -> None:
+        """Order this stream after the work queued so far on another library's stream (a
+        ``__cuda_array_interface__`` producer's): an event recorded there, waited for here."""
+        rt = cudart()
+        # on this stream's device throughout: an event is recorded on a stream of its own
+        # device, and the default-stream handles (1, 2) name the current device's stream
+        with DeviceGuard(self.ordinal):
+            event = check(
+                rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags"
+            )
+            try:
+                check(rt.cudaEventRecord(event, handle), "cudaEventRecord")
+                check(rt.cudaStreamWaitEvent(self._handle, event, 0), "cudaStreamWaitEvent")
+            finally:
+                rt.cudaEventDestroy(event)  # released once the wait is satisfied
 
     def is_capturing(self) -> bool:
         rt = cudart()

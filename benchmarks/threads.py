@@ -1,0 +1,195 @@
+"""Throughput of one session run from 1, 2, 4 and 8 threads, with and without CUDA graphs.
+
+Each thread calls ``run()`` on the same session (numpy in, numpy out) in a loop for
+``--seconds`` after a warm-up (in which each thread, with CUDA graphs, captures its own
+graphs); the table gives inferences per second over all threads, and the speed-up over one
+thread. Every thread's last outputs are compared with a sequential run's, bit for bit.
+
+On CUDA the models are BERT-base and ResNet-50 at batch 1, exported as benchmarks/models.py
+exports them (needs torch, torchvision and transformers)::
+
+    python benchmarks/threads.py                                 # CUDA, both models
+    python benchmarks/threads.py --models bert_base --threads 1,4 --seconds 10
+
+Any model on any provider (inputs are random, unfixed dims 1 unless ``--dim`` sets them)::
+
+    python benchmarks/threads.py --provider CPU                  # the demo model
+    python benchmarks/threads.py --provider CPU --model model.onnx --dim batch=1
+    python benchmarks/threads.py --provider CPU --session-config session.serialize_cpu_runs=0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+import onnxplug as ox
+from onnxplug.cli.main import demo_model_path, make_feeds
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+PROVIDERS = {"CUDA": CUDA, "CPU": CPU}
+
+
+def cuda_models(names: list[str], out: str) -> list[tuple[str, str, dict[str, np.ndarray]]]:
+    """(label, path, feeds) of the CUDA models at batch 1, exported like benchmarks/models.py."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import models  # benchmarks/models.py
+
+    models.export_all(out, names, batches=(1,))
+    return [(f"{n} b1", models.model_path(out, n, 1), models.feeds_for(n, 1)) for n in names]
+
+
+def session(path: str, provider: str, graphs: bool, config: list[str]) -> Any:
+    so = ox.SessionOptions()
+    for item in config:
+        key, _, value = item.partition("=")
+        so.add_session_config_entry(key, value)
+    options = {"enable_cuda_graph": "1"} if graphs else {}
+    providers: list[Any] = [(provider, options)]
+    if provider != CPU:
+        providers.append(CPU)
+    return ox.InferenceSession(path, sess_options=so, providers=providers)
+
+
+def throughput(
+    sess: Any, feeds: dict[str, Any], threads: int, seconds: float, warmup: int, want: list[Any]
+) -> tuple[float, bool]:
+    """Inferences per second of ``threads`` threads running ``sess`` for ``seconds``, and
+    whether every thread's last outputs equal ``want`` exactly."""
+    counts = [0] * threads
+    same = [False] * threads
+    errors: list[BaseException] = []
+    ready = threading.Barrier(threads + 1)
+    go = threading.Event()
+    deadline = [0.0]
+
+    def worker(k: int) -> None:
+        try:
+            for _ in range(warmup):
+                sess.run(None, feeds)
+            ready.wait()
+            go.wait()
+            n, out = 0, None
+            while time.perf_counter() < deadline[0]:
+                out = sess.run(None, feeds)
+                n += 1
+            counts[k] = n
+            same[k] = out is not None and all(np.array_equal(a, b) for a, b in zip(out, want))
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+            try:
+                ready.abort()
+            except threading.BrokenBarrierError:
+                pass
+
+    ts = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(threads)]
+    for t in ts:
+        t.start()
+    try:
+        ready.wait()
+    except threading.BrokenBarrierError:
+        pass
+    if errors:
+        raise errors[0]
+    start = time.perf_counter()
+    deadline[0] = start + seconds
+    go.set()
+    for t in ts:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return sum(counts) / elapsed, all(same)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--provider", choices=sorted(PROVIDERS), default="CUDA")
+    ap.add_argument("--models", default="bert_base,resnet50", help="CUDA: models.py's models")
+    ap.add_argument("--model", action="append", help="an .onnx file (repeatable)")
+    ap.add_argument("--dim", action="append", help="name=value for an unfixed input dim")
+    ap.add_argument("--threads", default="1,2,4,8")
+    ap.add_argument("--seconds", type=float, default=5.0, help="timed seconds per cell")
+    ap.add_argument("--warmup", type=int, default=5, help="runs per thread before timing")
+    ap.add_argument(
+        "--graphs", choices=("both", "off", "on"), default=None, help="CUDA graphs (CUDA: both)"
+    )
+    ap.add_argument("--session-config", action="append", default=[], help="key=value")
+    ap.add_argument("--out", default="/tmp/onnxplug_models", help="where CUDA models go")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    provider = PROVIDERS[args.provider]
+    threads = [int(t) for t in args.threads.split(",")]
+    graphs = args.graphs or ("both" if provider == CUDA else "off")
+    modes = {"both": [False, True], "off": [False], "on": [True]}[graphs]
+    if provider != CUDA and True in modes:
+        ap.error("--graphs on needs --provider CUDA")
+
+    if args.model:
+        cases = []
+        for path in args.model:
+            probe = ox.InferenceSession(path, providers=[CPU])
+            feeds, _ = make_feeds(probe, None, args.dim, 0)
+            cases.append((os.path.basename(path), path, feeds))
+    elif provider == CUDA:
+        cases = cuda_models(args.models.split(","), args.out)
+    else:
+        path = str(demo_model_path())
+        probe = ox.InferenceSession(path, providers=[CPU])
+        feeds, _ = make_feeds(probe, None, args.dim, 0)
+        cases = [("demo CNN", path, feeds)]
+
+    print(
+        f"# {args.provider} | {platform.node()} | {os.cpu_count()} CPUs | load "
+        f"{os.getloadavg()[0]:.2f} | {args.seconds:g} s per cell | inferences/s (all threads)",
+        flush=True,
+    )
+    head = ["model", "CUDA graphs"] + [f"{t} thr" for t in threads]
+    if 1 in threads and len(threads) > 1:
+        head += [f"{t}/1" for t in threads if t != 1]
+    head.append("bit-identical")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    rows = []
+    for label, path, feeds in cases:
+        for graph in modes:
+            sess = session(path, provider, graph, args.session_config)
+            want = sess.run(None, feeds)  # sequential reference (captures, with graphs)
+            cells: dict[int, float] = {}
+            identical = True
+            for t in threads:
+                ips, same = throughput(sess, feeds, t, args.seconds, args.warmup, want)
+                cells[t] = ips
+                identical = identical and same
+            row = [label, "on" if graph else "off"] + [f"{cells[t]:.1f}" for t in threads]
+            if 1 in threads and len(threads) > 1:
+                row += [f"{cells[t] / cells[1]:.2f}x" for t in threads if t != 1]
+            row.append("yes" if identical else "NO")
+            print("| " + " | ".join(row) + " |", flush=True)
+            rows.append(
+                {
+                    "model": label,
+                    "graphs": graph,
+                    "inferences_per_s": {str(t): cells[t] for t in threads},
+                    "bit_identical": identical,
+                }
+            )
+            del sess
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"provider": provider, "seconds": args.seconds, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
