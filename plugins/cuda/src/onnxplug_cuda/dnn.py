@@ -16,8 +16,9 @@ no dict) when the wheel has it; an autotuned graph runs its winner by index
 (``_execute_plan_at_index``), since the ordered path runs the frontend's default candidate.
 
 Algorithm search (``cudnn_conv_algo_search``), as in onnxruntime:
-* EXHAUSTIVE: plans from heuristics A and FALLBACK are all built. Each is timed once per graph
-  on the real buffers (skipped while the stream captures a CUDA graph), and the fastest is run.
+* EXHAUSTIVE: the first 8 plans of heuristics A then FALLBACK that build are timed once per
+  graph on the real buffers (skipped while the stream captures a CUDA graph: the first is run),
+  and the fastest is run; the winner is kept on disk (below).
 * HEURISTIC: the first plan of heuristics A (then FALLBACK) that builds.
 * DEFAULT: the FALLBACK heuristic's first plan (cuDNN's always-available engines).
 
@@ -68,6 +69,9 @@ _MAX_GRAPHS = 512
 _UID_X, _UID_W, _UID_B, _UID_Y, _UID_Z = 1, 2, 3, 4, 5
 _EXHAUSTIVE, _HEURISTIC, _DEFAULT = 0, 1, 2
 _F64 = np.dtype(np.float64)
+# EXHAUSTIVE search builds and times this many candidates, in the heuristics' order (building
+# every candidate of a plain convolution took seconds per model: a cold start cost)
+_TUNED_PLANS = 8
 
 
 @dataclass(frozen=True)
@@ -373,16 +377,15 @@ class CudnnConv:
         exhaustive = self.algo == _EXHAUSTIVE
         key = repr((spec, self.use_tf32, self.max_workspace, self.nc1d))
         best = self._cached_plan(g, key) if exhaustive else None
-        if best is None:
-            g.build_plans(
-                cudnn.build_plan_policy.ALL
-                if exhaustive
-                else cudnn.build_plan_policy.HEURISTICS_CHOICE
-            )
-            if exhaustive and g.get_execution_plan_count() > 1 and not ctx.stream.is_capturing():
-                best = self._autotune(ctx, g, ptrs)
+        if best is None and exhaustive:
+            built = _build_candidates(g, _TUNED_PLANS)
+            best = built[0]
+            if len(built) > 1 and not ctx.stream.is_capturing():
+                best = self._autotune(ctx, g, ptrs, built)
                 if best is not None:
                     self._remember(g, key, best)
+        elif best is None:
+            g.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
         ws = int(g.get_workspace_size())
         if best is not None:
             ws = max(ws, int(g.get_workspace_size_plan_at_index(best)))
@@ -423,13 +426,12 @@ class CudnnConv:
         except Exception:
             pass  # a plan without a name is tuned again in the next process
 
-    def _autotune(self, ctx: Any, g: Any, ptrs: dict[int, int]) -> int | None:
-        """Time every built plan on the real buffers; the index of the fastest."""
+    def _autotune(self, ctx: Any, g: Any, ptrs: dict[int, int], built: list[int]) -> int | None:
+        """Time the built plans on the real buffers; the index of the fastest."""
         import cupy
 
-        n = g.get_execution_plan_count()
         sizes = {}
-        for i in range(n):
+        for i in built:
             try:
                 sizes[i] = int(g.get_workspace_size_plan_at_index(i))
             except Exception:
@@ -468,6 +470,23 @@ class CudnnConv:
         stream.synchronize()
         del ws
         return best
+
+
+def _build_candidates(g: Any, limit: int) -> list[int]:
+    """Build up to ``limit`` plans of ``g``'s candidates in order (skipping those that do not
+    build); their indices."""
+    built: list[int] = []
+    for i in range(g.get_execution_plan_count()):
+        try:
+            g.build_plan_at_index(i)
+        except Exception:
+            continue
+        built.append(i)
+        if len(built) == limit:
+            break
+    if not built:
+        raise RuntimeError("no execution plan of the graph builds")
+    return built
 
 
 def _fingerprint(cudnn: Any, ordinal: int) -> str:
