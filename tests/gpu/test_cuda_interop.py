@@ -316,3 +316,29 @@ def test_cuda_array_interface_inputs_are_read_after_the_producers_stream():
     got = y.numpy()
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, _reference(cp.asnumpy(want)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_session_on_the_legacy_default_stream_runs_its_prepared_nodes_uncaptured():
+    """user_compute_stream=0 is the legacy default stream, which cannot capture a CUDA graph:
+    the nodes whose prepared form is a captured graph (cuDNN convolutions, cuBLASLt GEMMs) run
+    as plain calls there instead of failing (the external-allocator recipe hit this)."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, x)[0]
+    s = ox.InferenceSession(
+        model, providers=[(CUDA, {"user_compute_stream": "0", "use_tf32": "0"})]
+    )
+    for _ in range(4):  # recording, binding (the capture attempt), prepared runs
+        np.testing.assert_allclose(s.run(None, x)[0], want, rtol=1e-4, atol=1e-4)

@@ -254,7 +254,10 @@ class CudaSyncStream(SyncStream):
     def capture_call(self, fn: Any) -> Any:
         """``fn``'s work on this stream as an instantiated graph (not run), or None when it
         cannot be captured (the stream is usable again either way)."""
-        self.begin_capture()
+        try:
+            self.begin_capture()
+        except CudaError:  # the legacy default stream (a user's stream 0) cannot capture
+            return None
         try:
             fn()
         except Exception:
