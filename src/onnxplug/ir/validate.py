@@ -412,6 +412,9 @@ def check_node(node: Node, g: Graph, ir_version: int) -> None:
         _check_subgraph_signature(node, g)
     if node.op_type in _WINDOW_OPS and node.domain == "":
         _check_window(node, g)
+    rule = _OP_RULES.get(node.op_type) if node.domain == "" else None
+    if rule is not None:
+        rule(node, g)
 
 
 def _arity(lo: int, hi: int) -> str:
@@ -643,6 +646,52 @@ def _check_window(node: Node, g: Graph) -> None:
                 )
 
 
+def _constant(g: Graph, name: str) -> np.ndarray | None:
+    """The value of an initializer visible from ``g`` (None for anything else)."""
+    scope: Graph | None = g
+    while scope is not None and name:
+        if name in scope.initializers:
+            return np.asarray(scope.initializers[name])
+        scope = scope.parent
+    return None
+
+
+def _check_recurrent(node: Node, g: Graph) -> None:
+    """RNN, GRU and LSTM need ``hidden_size`` (the schema leaves it optional; onnxruntime's
+    kernels refuse a node without it), GRU and LSTM a positive one that fits in 32 bits."""
+    hidden = node.attrs.get("hidden_size")
+    if hidden is None:
+        raise Fail(f"{node.label()}: attribute 'hidden_size' must be given")
+    if node.op_type != "RNN" and not 0 < hidden <= 2**31 - 1:
+        raise Fail(
+            f"{node.label()}: attribute 'hidden_size' must be in [1, 2^31 - 1], got {hidden}"
+        )
+
+
+def _check_constant_scales(node: Node, g: Graph) -> None:
+    """Resize and Upsample scales given as an attribute (Upsample-7) or an initializer."""
+    if node.op_type == "Upsample" and node.since_version < 9:
+        scales = node.attrs.get("scales")
+    else:
+        at = 2 if node.op_type == "Resize" and node.since_version >= 11 else 1
+        scales = _constant(g, node.inputs[at]) if len(node.inputs) > at else None
+    if scales is None or not np.size(scales):
+        return
+    try:
+        check_resize_scales(node.op_type, np.asarray(scales).reshape(-1))
+    except ValueError as e:
+        raise Fail(f"{node.label()}: {e}") from None
+
+
+_OP_RULES = {
+    "RNN": _check_recurrent,
+    "GRU": _check_recurrent,
+    "LSTM": _check_recurrent,
+    "Resize": _check_constant_scales,
+    "Upsample": _check_constant_scales,
+}
+
+
 def check_window_attrs(
     n_spatial: int,
     kernel: Sequence[int] | None = None,
@@ -671,6 +720,19 @@ def check_window_attrs(
         if any(int(v) < lo for v in values):
             rule = "only contain positive values" if lo else "not contain negative values"
             raise ValueError(f"Attribute {name} must {rule}, got {[int(v) for v in values]}")
+
+
+def check_resize_scales(op_type: str, scales: Sequence[float]) -> None:
+    """Raise ValueError when a scale of Resize (> 0) or Upsample (>= 1: it only enlarges)
+    breaks the op's rule (NaN breaks both). Checked at load for constant scales
+    (``check_graph``) and by the kernels for fed ones."""
+    values = [float(v) for v in scales]
+    if op_type == "Upsample":
+        ok, rule = all(v >= 1.0 for v in values), "greater than or equal to 1"
+    else:
+        ok, rule = all(v > 0.0 for v in values), "greater than 0"
+    if not ok:
+        raise ValueError(f"Scale value should be {rule}; the scales are {values}")
 
 
 def _attr_type_name(t: int) -> str:
