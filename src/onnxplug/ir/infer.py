@@ -359,6 +359,8 @@ def _scan_body_output_errors(
             )
         if k < n_state and k < len(node.inputs) and node.inputs[k]:
             entering, leaving = g.type_of(node.inputs[k]), body.type_of(vi.name)
+            if leaving is not None and leaving.shape is None and computed is not None:
+                leaving = computed  # what the body declares without a shape, it computes
             if entering is not None and leaving is not None and shapes_conflict(entering, leaving):
                 errors.append(
                     Fail(
