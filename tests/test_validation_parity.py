@@ -481,3 +481,14 @@ def test_softmax_axis_out_of_range_is_refused():
     m = _one("Softmax", {"x": _X}, axis=-(2**63))
     with pytest.raises(errors.Fail, match="axis -9223372036854775808 is out of range"):
         _session(m).run(None, {"x": _X})
+
+
+def test_a_written_model_declares_no_element_type_0():
+    """``optimized_model_filepath`` leaves a value whose element type is unknown untyped:
+    element type 0 would make the written model one that onnxplug and onnxruntime refuse."""
+    from onnxplug.ir.export import type_proto
+    from onnxplug.ir.types import ValueType
+
+    assert type_proto(ValueType("tensor", 0, (2,))) is None
+    assert type_proto(ValueType("sequence", inner=ValueType("tensor", 0, None))) is None
+    assert type_proto(ValueType("tensor", F, (2,))).tensor_type.elem_type == F
