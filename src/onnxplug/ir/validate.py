@@ -722,7 +722,7 @@ def check_window_attrs(
             raise ValueError(f"Attribute {name} must {rule}, got {[int(v) for v in values]}")
 
 
-def check_resize_scales(op_type: str, scales: Sequence[float]) -> None:
+def check_resize_scales(op_type: str, scales: Iterable[float]) -> None:
     """Raise ValueError when a scale of Resize (> 0) or Upsample (>= 1: it only enlarges)
     breaks the op's rule (NaN breaks both). Checked at load for constant scales
     (``check_graph``) and by the kernels for fed ones."""
