@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import onnx
 import pytest
 
 # ``tests.plugins.virtual_device`` is imported by its registration target, so the repo root
@@ -36,6 +37,19 @@ def doc_recipe(doc: str, name: str) -> str:
     if m is None:
         raise AssertionError(f"recipe '{name}' is missing from {doc}")
     return m.group(1)
+
+
+def assert_refused_at_load(model: onnx.ModelProto, error: type, pattern: str) -> None:
+    """Creating a CPU session of ``model`` raises ``error`` matching ``pattern``; where
+    onnxruntime is installed, it refuses the session too."""
+    with pytest.raises(error, match=pattern):
+        onnxplug.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return
+    with pytest.raises(Exception):  # onnxruntime has its own exception classes
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 def run_in_threads(work: Callable[[int], None], n: int) -> None:

@@ -43,7 +43,7 @@ def model_of(op, inputs, attrs=None, opset=OPSET, n_out=1, consts=None):
             helper.make_tensor_value_info(k, elem_type_of(v.dtype), v.shape)
             for k, v in inputs.items()
         ],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.UNDEFINED, None) for i in range(n_out)],
+        [helper.make_empty_tensor_value_info(f"y{i}") for i in range(n_out)],
         [onnx.numpy_helper.from_array(v, k) for k, v in consts.items()],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)

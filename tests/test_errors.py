@@ -247,7 +247,10 @@ def test_invalid_subgraph_is_reported():
         [_tv("c", [], TensorProto.BOOL), _tv("X", [3])],
         [_tv("Y", [3])],
     )
-    with pytest.raises(errors.InvalidGraph, match="'inner' input 0 'nowhere'"):
+    with pytest.raises(
+        errors.InvalidGraph,
+        match="'inner' in the attribute 'then_branch' of If node 'If_0': input 0 'nowhere'",
+    ):
         _load(m)
 
 

@@ -144,7 +144,7 @@ def test_missing_file(tmp_path):
     [
         ([("offst", 24)], errors.InvalidGraph, "unknown external data key 'offst'"),
         ([("Length", 24)], errors.InvalidGraph, "unknown external data key 'Length'"),
-        ([("offset", 0), ("offset", 4)], errors.InvalidGraph, "key 'offset' is given twice"),
+        ([("location", "w.bin")], errors.InvalidGraph, "key 'location' is given twice"),
         ([("offset", -1)], errors.InvalidGraph, "offset '-1' is not a byte count"),
         ([("offset", "abc")], errors.InvalidGraph, "offset 'abc' is not a byte count"),
         ([("offset", " 4")], errors.InvalidGraph, "offset ' 4' is not a byte count"),
@@ -164,6 +164,60 @@ def test_lying_keys_offsets_and_lengths(tmp_path, entries, error, pattern):
     _weights(tmp_path, extra=b"\0" * 8)  # 32 bytes: the tensor's 24 and 8 spare
     path = _save(tmp_path, [_ext("W", [2, 3], [("location", "w.bin"), *entries])])
     with pytest.raises(error, match=f"initializer 'W'.*{pattern}"):
+        _load(path)
+
+
+try:
+    import onnxruntime as ort
+except ImportError:  # the comparisons are skipped without it
+    ort = None
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [("location", "sub/../w.bin")],  # '..' that stays inside the folder
+        [("location", "./sub/../w.bin"), ("offset", 24)],
+        [("location", "w.bin"), ("offset", 0), ("offset", 24)],  # a repeated key: its last value
+        [("location", "w.bin"), ("offset", 24), ("length", 12), ("length", 24)],
+        [("location", "w.bin"), ("length", 0)],  # a length of 0 reads as no length
+        [("location", "w.bin"), ("offset", 24), ("length", 0)],
+    ],
+)
+def test_entries_onnxruntime_reads_are_read_the_same_way(tmp_path, entries):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "w.bin").write_bytes(W.tobytes() + (10 * W).tobytes())
+    path = _save(tmp_path, [_ext("W", [2, 3], entries)])
+    offset = int(dict(entries).get("offset", 0))
+    want = W if offset == 0 else 10 * W
+    np.testing.assert_array_equal(_run(path), want)
+    if ort is not None:
+        sess = ort.InferenceSession(str(path), providers=CPU)
+        np.testing.assert_array_equal(sess.run(None, {"X": np.zeros((2, 3), np.float32)})[0], want)
+
+
+def test_dot_dot_through_a_folder_that_does_not_exist(tmp_path):
+    """'nosub/../w.bin' names w.bin only lexically: the OS (and onnxruntime) cannot open it."""
+    _weights(tmp_path)
+    path = _save(tmp_path, [_ext("W", [2, 3], [("location", "nosub/../w.bin")])])
+    with pytest.raises(errors.NoSuchFile, match="initializer 'W'.*'nosub/../w.bin' not found"):
+        _load(path)
+    if ort is not None:
+        with pytest.raises(Exception):
+            ort.InferenceSession(str(path), providers=CPU)
+
+
+def test_dot_dot_through_a_symlink_resolves_where_the_os_does(tmp_path):
+    """'link/../w.bin' with link -> outside/deep: the OS reads outside/w.bin, not w.bin here."""
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    _weights(outside)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    _weights(model_dir)
+    (model_dir / "link").symlink_to(outside / "deep")
+    path = _save(model_dir, [_ext("W", [2, 3], [("location", "link/../w.bin")])])
+    with pytest.raises(errors.InvalidGraph, match="escapes the model's folder with '..'"):
         _load(path)
 
 

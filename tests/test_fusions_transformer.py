@@ -89,7 +89,7 @@ class G:
         return outs[0] if n_out == 1 else outs
 
     def model(self, outputs: list[str], opset: int = 17) -> bytes:
-        outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
+        outs = [helper.make_empty_tensor_value_info(o) for o in outputs]
         g = helper.make_graph(self.nodes, "g", self.inputs, outs, self.inits)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
         m.ir_version = 8
@@ -763,7 +763,7 @@ def test_contrib_kernels_on_sim_match_cpu(case, dtype, sim):
         [node],
         "g",
         [helper.make_tensor_value_info(k, _ELEM[dt], list(v.shape)) for k, v in feeds.items()],
-        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs if o],
+        [helper.make_empty_tensor_value_info(o) for o in outputs if o],
     )
     imports = [helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
     model = helper.make_model(graph, opset_imports=imports).SerializeToString()

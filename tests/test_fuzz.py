@@ -27,6 +27,12 @@ def test_fixed_seed_sample_has_no_crash_hang_or_blowup():
     assert not bad, "\n".join(
         f"[{r.cls}] case {r.index} {r.seed_model}/{r.mutation} ({r.detail}): {r.error}" for r in bad
     )
+    # with onnxruntime as the oracle: nothing it refuses is run silently here (the classes
+    # found are tests in test_validation_parity.py)
+    invalid = [r for r in results if r.cls == "accepted_invalid"]
+    assert not invalid, "\n".join(
+        f"case {r.index} {r.seed_model}/{r.mutation} ({r.detail}): {r.error}" for r in invalid
+    )
 
 
 def test_every_seed_loads_and_runs():

@@ -53,8 +53,11 @@ def model(
     names = order if order is not None else [*feeds, *inits]
     node = helper.make_node(op, names, list(outputs), name="n", **attrs)
     inputs = [helper.make_tensor_value_info(k, ELEM[v.dtype], v.shape) for k, v in feeds.items()]
-    types = list(out_types) + [TensorProto.UNDEFINED] * (len(outputs) - len(out_types))
-    outs = [helper.make_tensor_value_info(o, t, None) for o, t in zip(outputs, types, strict=True)]
+    types = list(out_types) + [None] * (len(outputs) - len(out_types))
+    outs = [
+        helper.make_tensor_value_info(o, t, None) if t else helper.make_empty_tensor_value_info(o)
+        for o, t in zip(outputs, types, strict=True)
+    ]
     g = helper.make_graph(
         [node], "g", inputs, outs, [numpy_helper.from_array(v, k) for k, v in inits.items()]
     )

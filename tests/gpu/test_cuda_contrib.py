@@ -66,7 +66,7 @@ def _model(op: str, domain: str, feeds: dict, outputs=("y",), **attrs) -> bytes:
         for k, v in feeds.items()
         if k
     ]
-    outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs if o]
+    outs = [helper.make_empty_tensor_value_info(o) for o in outputs if o]
     imports = [helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
     g = helper.make_graph([node], "g", inputs, outs)
     return helper.make_model(g, opset_imports=imports).SerializeToString()

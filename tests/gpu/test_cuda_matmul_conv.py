@@ -57,7 +57,7 @@ def _model(op, feeds, outputs=("y",), opset=17, domain="", **attrs) -> bytes:
         for k, v in feeds.items()
         if k
     ]
-    outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
+    outs = [helper.make_empty_tensor_value_info(o) for o in outputs]
     imports = [helper.make_opsetid("", opset)]
     if domain:
         imports.append(helper.make_opsetid(domain, 1))

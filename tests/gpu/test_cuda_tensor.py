@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from tests.gpu import _oneop
 from tests.gpu._cuda import CPU, CUDA, cuda_marks, run_cuda_and_cpu
 
@@ -95,7 +95,7 @@ def model(
         [node],
         "g",
         vis,
-        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs],
+        [helper.make_empty_tensor_value_info(o) for o in outs],
         inits,
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])

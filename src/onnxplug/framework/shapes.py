@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-# The rules of window attributes are checked at load too, by the model validator (in ir, which
-# this layer may import but not the other way round).
+# The rules of window attributes and resize scales are checked at load too, by the model
+# validator (in ir, which this layer may import but not the other way round).
+from ..ir.validate import check_resize_scales as check_resize_scales  # for the kernels
 from ..ir.validate import check_window_attrs
 
 
@@ -255,19 +257,38 @@ def unsqueeze_shape(in_shape: Sequence[int], axes: Sequence[int]) -> tuple[int, 
     return tuple(1 if i in ax else next(it) for i in range(rank))
 
 
-def split_sizes(dim: int, n_outputs: int, split: Sequence[int] | None = None) -> list[int]:
-    """Sizes of Split's outputs: ``split`` as given, else equal parts, the last one smaller
-    when ``dim`` does not divide evenly (Split-18's num_outputs)."""
+def split_sizes(
+    dim: int, n_outputs: int, split: Sequence[int] | None = None, num_outputs: int | None = None
+) -> list[int]:
+    """Sizes of Split's ``n_outputs`` outputs along a dim of size ``dim``, with onnxruntime's
+    checks: ``split`` as given (one size per output, adding up to ``dim``); else Split-18's
+    ``num_outputs`` (the node's output count) equal parts, the last one smaller when ``dim``
+    does not divide evenly; else equal parts that must divide ``dim`` evenly."""
     if split is not None and len(split):
         sizes = [int(s) for s in split]
-        if sum(sizes) != dim or any(s < 0 for s in sizes):
-            raise ValueError(f"Split: sizes {sizes} do not add up to dim {dim}")
+        if len(sizes) != n_outputs or sum(sizes) != dim or any(s < 0 for s in sizes):
+            raise ValueError(
+                f"Cannot split using values in 'split': {len(sizes)} sizes {sizes} (adding up "
+                f"to {sum(sizes)}) for {n_outputs} outputs and a dim of {dim} (one size per "
+                "output, adding up to the dim)"
+            )
         return sizes
-    part = -(-dim // n_outputs)
-    sizes = [part] * (n_outputs - 1) + [dim - part * (n_outputs - 1)]
-    if sizes[-1] < 0:
-        raise ValueError(f"Split: dim {dim} cannot be split into {n_outputs} outputs")
-    return sizes
+    if num_outputs is not None:
+        if num_outputs != n_outputs:
+            raise ValueError(
+                f"Number of outputs ({n_outputs}) does not match num_outputs ({num_outputs})"
+            )
+        part = -(-dim // n_outputs)
+        sizes = [part] * (n_outputs - 1) + [dim - part * (n_outputs - 1)]
+        if sizes[-1] < 0:
+            raise ValueError(f"Split: dim {dim} cannot be split into {n_outputs} outputs")
+        return sizes
+    if dim % n_outputs:
+        raise ValueError(
+            f"Input cannot be split evenly on selected axis: a dim of {dim} into {n_outputs} "
+            "outputs (give 'split' sizes, or Split-18's num_outputs)"
+        )
+    return [dim // n_outputs] * n_outputs
 
 
 def slice_ranges(
@@ -332,6 +353,29 @@ def shape_range(rank: int, start: int = 0, end: int | None = None) -> tuple[int,
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
     return start, max(start, end)
+
+
+def axes_input(axes: Any) -> tuple[int, ...]:
+    """An ``axes`` input (Reduce-13/18+) as ints: a 1-D tensor (onnxruntime: "An axes tensor
+    must be a vector tensor")."""
+    shape = getattr(axes, "shape", None)
+    if shape is None or len(shape) != 1:
+        raise ValueError(
+            f"An axes tensor must be a vector tensor (1-D), got shape {list(shape or ())}"
+        )
+    return tuple(int(v) for v in axes)
+
+
+def pad_constant(value: Any) -> Any:
+    """Pad's ``constant_value`` input as a scalar: 0 when absent, else its one element
+    (onnxruntime: "Value tensor should be a 1D tensor of size 1")."""
+    if value is None:
+        return 0
+    if value.size != 1:
+        raise ValueError(
+            f"Pad: constant_value must hold exactly one value, got shape {list(value.shape)}"
+        )
+    return value.reshape(-1)[0]
 
 
 def reduce_axes(

@@ -25,6 +25,8 @@ def type_proto(t: ValueType) -> TypeProto | None:
     """The TypeProto of a value type (None for an unknown type)."""
     tp = TypeProto()
     if t.kind in ("tensor", "sparse_tensor"):
+        if not t.elem_type:  # element type 0 is not a type (onnxruntime refuses it)
+            return None
         tt = tp.tensor_type if t.kind == "tensor" else tp.sparse_tensor_type
         tt.elem_type = t.elem_type
         if t.shape is not None:

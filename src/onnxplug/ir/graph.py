@@ -393,22 +393,27 @@ def graph_from_model(proto: ModelProto) -> Graph:
 
 def _refine_outputs(g: Graph, inferred: dict[str, ValueType]) -> None:
     """Graph outputs take the sizes shape inference found where the model declares none (an
-    unknown or symbolic dim, or no shape at all), as onnxruntime reports them."""
+    unknown or symbolic dim, or no shape at all), and the inferred element type where the
+    model declares no type, as onnxruntime reports them."""
     for k, vi in enumerate(g.outputs):
         t, it = vi.type, inferred.get(vi.name)
-        if it is None or t.kind != "tensor" or it.kind != "tensor" or it.shape is None:
+        if it is None or it.kind != "tensor":
             continue
-        shape: tuple[int | str | None, ...]
-        if t.shape is None:  # onnx names the dims it cannot size ('unk__0'): unknown here
+        if t.kind == "unknown" and it.elem_type:
+            t = ValueType("tensor", it.elem_type, None)
+        if t.kind != "tensor":
+            continue
+        shape: tuple[int | str | None, ...] | None = t.shape
+        if it.shape is None:
+            pass
+        elif t.shape is None:  # onnx names the dims it cannot size ('unk__0'): unknown here
             shape = tuple(i if isinstance(i, int) else None for i in it.shape)
         elif len(t.shape) == len(it.shape):
             shape = tuple(
                 i if isinstance(i, int) and not isinstance(d, int) else d
                 for d, i in zip(t.shape, it.shape)
             )
-        else:
-            continue
-        if shape != t.shape:
+        if t is not vi.type or shape != t.shape:
             nt = ValueType("tensor", t.elem_type, shape)
             g.outputs[k] = ValueInfo(vi.name, nt)
             g.value_types[vi.name] = nt

@@ -24,7 +24,7 @@ import onnx
 from onnx import TypeProto, numpy_helper
 
 from ..errors import Fail
-from .types import ValueType, elem_type_of
+from .types import ValueType, elem_type_of, shape_text
 
 if TYPE_CHECKING:
     from .graph import Graph, Node
@@ -65,7 +65,7 @@ def infer_graph(
         else:
             outs = _infer_node(node, g, ir_version, consts, refused)
         for name, t in outs.items():
-            t = _named_dims(t, symbols)
+            t = _namedshape_text(t, symbols)
             if inferred is not None:
                 inferred[name] = t
             _merge(g, name, t, producers.get(name))
@@ -107,6 +107,37 @@ def _merge(g: Graph, name: str, inferred: ValueType, node: Node | None) -> None:
             f"Type Error: Type ({declared.type_str()}) of output arg ({name}) of "
             f"{node.label()} does not match expected type ({inferred.type_str()})"
         )
+    if node is not None and shapes_conflict(declared, inferred):
+        # A declared shape that contradicts the node's is not an error, as in onnxruntime
+        # (which warns "Error merging shape info ... Falling back to lenient merge"): the
+        # value keeps only what both agree on, so later nodes are not judged by a wrong shape.
+        g.value_types[name] = _union(declared, inferred)
+
+
+def shapes_conflict(a: ValueType, b: ValueType) -> bool:
+    """Whether two tensor types of one value have known shapes of different ranks, or a dim
+    whose sizes both know and differ."""
+    if a.kind not in ("tensor", "sparse_tensor") or a.kind != b.kind:
+        return False
+    if a.shape is None or b.shape is None:
+        return False
+    if len(a.shape) != len(b.shape):
+        return True
+    return any(_known(x) and _known(y) and x != y for x, y in zip(a.shape, b.shape))
+
+
+def _known(d: Any) -> bool:
+    return isinstance(d, int) and d >= 0
+
+
+def _union(declared: ValueType, inferred: ValueType) -> ValueType:
+    """What two conflicting shapes of one value agree on (onnx's UnionShapeInfo): nothing
+    when the ranks differ, else the dims they share."""
+    assert declared.shape is not None and inferred.shape is not None
+    if len(declared.shape) != len(inferred.shape):
+        return ValueType(declared.kind, declared.elem_type, None)
+    dims = tuple(d if d == i else None for d, i in zip(declared.shape, inferred.shape))
+    return ValueType(declared.kind, declared.elem_type, dims)
 
 
 def _conflicting(declared: ValueType, inferred: ValueType) -> bool:
@@ -134,7 +165,7 @@ def _small_tensor(name: str, arr: Any) -> onnx.TensorProto | None:
         return None
 
 
-def _named_dims(t: ValueType, symbols: itertools.count) -> ValueType:
+def _namedshape_text(t: ValueType, symbols: itertools.count) -> ValueType:
     """``t`` with negative dims (the next node must never see one) and unknown dims replaced
     by fresh symbols."""
     if t.kind in ("tensor", "sparse_tensor") and t.shape is not None:
@@ -146,7 +177,9 @@ def _named_dims(t: ValueType, symbols: itertools.count) -> ValueType:
             return ValueType(t.kind, t.elem_type, shape)
         return t
     if t.inner is not None:
-        return ValueType(t.kind, t.elem_type, t.shape, _named_dims(t.inner, symbols), t.key_type)
+        return ValueType(
+            t.kind, t.elem_type, t.shape, _namedshape_text(t.inner, symbols), t.key_type
+        )
     return t
 
 
@@ -282,9 +315,12 @@ def _infer_control_flow(
     passed: list[ValueType | None] = [g.type_of(x) if x else None for x in node.inputs[:n_state]]
     in_axes = list(node.attrs.get("scan_input_axes") or [])
     for j, x in enumerate(node.inputs[n_state:]):  # a slice: the input without its scan axis
-        passed.append(_sliced(g.type_of(x) if x else None, in_axes[j] if j < len(in_axes) else 0))
+        axis = in_axes[j] if j < len(in_axes) else 0
+        passed.append(sliced_type(g.type_of(x) if x else None, axis))
     _body_inputs(body, passed)
-    infer_graph(body, ir_version, consts, symbols, refused)
+    found: dict[str, ValueType] = {}
+    infer_graph(body, ir_version, consts, symbols, refused, found)
+    refused.extend(_scan_body_output_errors(node, g, body, found, n_state))
     axes = list(node.attrs.get("scan_output_axes") or [])
     for k, (name, vi) in enumerate(zip(node.outputs, body.outputs)):
         t = body.type_of(vi.name)
@@ -298,7 +334,45 @@ def _infer_control_flow(
     return out
 
 
-def _sliced(t: ValueType | None, axis: int) -> ValueType | None:
+def _scan_body_output_errors(
+    node: Node, g: Graph, body: Graph, found: dict[str, ValueType], n_state: int
+) -> list[Fail]:
+    """What onnxruntime refuses in a Scan's body outputs: a declared rank the producing node
+    contradicts (the value is left without a shape, and onnxruntime's Scan needs one for
+    every body output, "Subgraph must have the shape set for all outputs"), and a state
+    whose shape the body changes (a state keeps the shape it enters with)."""
+    errors: list[Fail] = []
+    for k, vi in enumerate(body.outputs):
+        declared, computed = vi.type, found.get(vi.name)
+        if (
+            computed is not None
+            and declared.shape is not None
+            and computed.shape is not None
+            and len(declared.shape) != len(computed.shape)
+        ):
+            errors.append(
+                Fail(
+                    f"{node.label()}: body output '{vi.name}' is declared with rank "
+                    f"{len(declared.shape)} but computed with rank {len(computed.shape)}; a "
+                    "Scan body output needs a consistent shape"
+                )
+            )
+        if k < n_state and k < len(node.inputs) and node.inputs[k]:
+            entering, leaving = g.type_of(node.inputs[k]), body.type_of(vi.name)
+            if leaving is not None and leaving.shape is None and computed is not None:
+                leaving = computed  # what the body declares without a shape, it computes
+            if entering is not None and leaving is not None and shapes_conflict(entering, leaving):
+                errors.append(
+                    Fail(
+                        f"{node.label()}: state {k} enters the body as '{node.inputs[k]}' of "
+                        f"shape {shape_text(entering.shape)} and leaves it as '{vi.name}' of shape "
+                        f"{shape_text(leaving.shape)}; a Scan state keeps its shape"
+                    )
+                )
+    return errors
+
+
+def sliced_type(t: ValueType | None, axis: int) -> ValueType | None:
     """The type of one slice of a value of type ``t`` along ``axis``."""
     if t is None or t.kind != "tensor":
         return None

@@ -1,8 +1,8 @@
 """Loading a model: from a path, bytes or a ModelProto, with external data read safely.
 
 External data (tensors stored beside the model) is read only from inside the model's folder:
-a location that is absolute, climbs out with ``..`` or resolves (through symlinks) to a file
-outside the folder is refused. Model-local functions are inlined here; schema-defined function
+a location that is absolute, or that resolves (through ``..`` or symlinks) to a file outside
+the folder is refused. Model-local functions are inlined here; schema-defined function
 ops are expanded later, by the partitioner, only where no provider has a kernel for them.
 """
 
@@ -138,20 +138,18 @@ def safe_external_path(base_dir: Path, location: str, tensor_name: str) -> Path:
             f"initializer '{tensor_name}': external data location '{location}' is an absolute "
             "path; only files inside the model's folder may be read"
         )
-    parts = Path(location.replace("\\", "/")).parts
-    if ".." in parts:
-        raise InvalidGraph(
-            f"initializer '{tensor_name}': external data location '{location}' escapes the "
-            "model's folder with '..'"
-        )
+    # '..' may step into a subfolder and back ('sub/../w.bin', as onnxruntime reads it): what
+    # counts is where the path resolves, the way the OS resolves it (symlinks first).
     root = base_dir.resolve()
     target = (root / location).resolve()
     if root != target and root not in target.parents:
+        how = "with '..'" if ".." in Path(location.replace("\\", "/")).parts else "(symlink?)"
         raise InvalidGraph(
-            f"initializer '{tensor_name}': external data location '{location}' resolves to "
-            f"'{target}', outside the model's folder '{root}' (symlink?)"
+            f"initializer '{tensor_name}': external data location '{location}' escapes the "
+            f"model's folder {how}: it resolves to '{target}', outside the model's folder "
+            f"'{root}'"
         )
-    if not target.exists():
+    if not target.exists() or not os.path.exists(root / location):
         raise NoSuchFile(
             f"initializer '{tensor_name}': external data file '{location}' not found in '{root}'"
         )
@@ -220,9 +218,11 @@ def load_external_data(proto: ModelProto, base_dir: Path | None) -> None:
                     f"initializer '{tensor.name}': unknown external data key '{e.key}' (the "
                     f"keys are {sorted(EXTERNAL_DATA_KEYS)})"
                 )
-            if e.key in info:
+            # A repeated key takes its last value, as in onnxruntime and onnx, except the
+            # location, which onnxruntime refuses twice
+            if e.key == "location" and e.key in info:
                 raise InvalidGraph(
-                    f"initializer '{tensor.name}': external data key '{e.key}' is given twice"
+                    f"initializer '{tensor.name}': external data key 'location' is given twice"
                 )
             info[e.key] = e.value
         if base_dir is None:
@@ -232,7 +232,8 @@ def load_external_data(proto: ModelProto, base_dir: Path | None) -> None:
             )
         path = safe_external_path(base_dir, info.get("location", ""), tensor.name)
         offset = _int_field(info, "offset", tensor.name) or 0
-        length = _int_field(info, "length", tensor.name)
+        # a length of 0 reads as no length, as in onnxruntime: the tensor's own bytes
+        length = _int_field(info, "length", tensor.name) or None
         nbytes = tensor_nbytes(tensor)
         size = path.stat().st_size
         if offset + (nbytes if length is None else length) > size:

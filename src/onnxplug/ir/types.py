@@ -160,3 +160,10 @@ class ValueType:
                 inner=ValueType.from_proto(tp.map_type.value_type),
             )
         return ValueType("unknown")
+
+
+def shape_text(shape: Any) -> str:
+    """A shape for a message: sizes, names of symbolic dims, '?' for unknown ones."""
+    if shape is None:
+        return "unknown"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

@@ -27,7 +27,8 @@ import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, TypeProto
 
 from ..errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf
-from .types import ValueType, elem_type_name, elem_type_of
+from .infer import shapes_conflict, sliced_type
+from .types import ValueType, elem_type_name, elem_type_of, shape_text
 
 if TYPE_CHECKING:
     from .graph import Graph, Node
@@ -55,6 +56,7 @@ def check_proto(proto: ModelProto) -> None:
     _check_text(proto, "model")
     for where, graph in _graphs(proto.graph, "graph"):
         _check_graph_proto(graph, where)
+    _check_subgraph_scopes(proto.graph)
     for f in proto.functions:
         for node in f.node:
             _check_node_tensors(node, f"function '{_text(f.name)}'")
@@ -98,19 +100,95 @@ def _check_graph_proto(g: GraphProto, where: str) -> None:
         check_tensor(t, f"initializer '{_text(t.name)}' of {where}")
     for sp in g.sparse_initializer:
         check_sparse_tensor(sp, f"sparse initializer '{_text(sp.values.name)}' of {where}")
-    # An output or value_info of element type 0 (UNDEFINED) reads as "unknown" (onnxruntime
-    # refuses it; models written as test fixtures use it for "any type"); an input's type is
-    # what feeds are checked against, so there it must be real.
-    for kind, infos, undefined_ok in (
-        ("input", g.input, False),
-        ("output", g.output, True),
-        ("value_info", g.value_info, True),
-    ):
+    # Every declared type names real element types, as onnxruntime requires ("Invalid tensor
+    # data type 0"); a value_info of a name nothing in the graph uses is ignored, as there.
+    used = {vi.name for vi in itertools.chain(g.input, g.output)}
+    used.update(x for node in g.node for x in itertools.chain(node.input, node.output))
+    for kind, infos in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
         for vi in infos:
-            if vi.HasField("type"):
-                _check_type_proto(vi.type, f"{kind} '{_text(vi.name)}' of {where}", undefined_ok)
+            if vi.HasField("type") and (kind != "value_info" or vi.name in used):
+                _check_type_proto(vi.type, f"{kind} '{_text(vi.name)}' of {where}")
     for node in g.node:
         _check_node_tensors(node, where)
+
+
+def _subgraphs(node: onnx.NodeProto, index: int) -> Iterator[tuple[str, GraphProto]]:
+    for attr in node.attribute:
+        sub = [attr.g] if attr.HasField("g") else []
+        for k, sg in enumerate(itertools.chain(sub, attr.graphs)):
+            label = f"attribute '{_text(attr.name)}'" + (f"[{k}]" if k else "")
+            yield f"{label} of {_node_label(node, index)}", sg
+
+
+def _check_subgraph_scopes(g: GraphProto) -> None:
+    """The rules onnxruntime checks (with onnx's checker) on every subgraph, which it reads in
+    the order written, unlike the main graph, which it sorts itself: a node reads only values
+    defined before it (the subgraph's inputs, initializers, earlier nodes' outputs) or values
+    of an enclosing graph; no node output redefines a name already defined (SSA, enclosing
+    graphs included); the default domain is written '' (the alias 'ai.onnx' is read as it
+    only in the main graph)."""
+    every = {vi.name for vi in g.input} | {t.name for t in g.initializer}
+    every |= {sp.values.name for sp in g.sparse_initializer}
+    base = set(every)
+    producer = {o: n for n in g.node for o in n.output if o}
+    every |= set(producer)
+    for index, node in enumerate(g.node):
+        bodies = list(_subgraphs(node, index))
+        if not bodies:
+            continue
+        # The main graph's values a subgraph certainly sees defined: the main graph's inputs and
+        # initializers, and what the node computes from (any topological order has those
+        # first; onnxruntime's order of the other nodes is its own).
+        definite = base | _ancestor_values(node, producer)
+        for where, body in bodies:
+            _check_subgraph_scope(body, where, every, definite)
+
+
+def _ancestor_values(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> set[str]:
+    out: set[str] = set()
+    stack = [x for x in node.input if x]
+    while stack:
+        name = stack.pop()
+        p = producer.get(name)
+        if p is None or name in out:
+            continue
+        out.update(o for o in p.output if o)
+        stack.extend(x for x in p.input if x)
+    return out
+
+
+def _check_subgraph_scope(
+    g: GraphProto, where: str, outer: set[str], outer_definite: set[str]
+) -> None:
+    defined = {vi.name for vi in g.input} | {t.name for t in g.initializer}
+    defined |= {sp.values.name for sp in g.sparse_initializer}
+    for index, node in enumerate(g.node):
+        label = f"{_node_label(node, index)} in the {where}"
+        if node.domain == "ai.onnx":
+            raise InvalidGraph(
+                f"{label}: no opset import for domain 'ai.onnx' (in a subgraph the default "
+                "domain is written ''; onnxruntime reads the alias 'ai.onnx' only in the main "
+                "graph)"
+            )
+        for k, name in enumerate(node.input):
+            if name and name not in defined and name not in outer:
+                raise InvalidGraph(
+                    f"{label}: input {k} '{_text(name)}' is not a graph input, an initializer, "
+                    "the output of an earlier node or a value of an enclosing graph (the nodes "
+                    "of a subgraph must be topologically sorted)"
+                )
+        for sub_where, body in _subgraphs(node, index):
+            _check_subgraph_scope(
+                body, f"{sub_where}, in the {where}", outer | defined, outer_definite | defined
+            )
+        for name in node.output:
+            if name and (name in defined or name in outer_definite):
+                scope = "in its graph" if name in defined else "by an enclosing graph"
+                raise InvalidGraph(
+                    f"{label}: output '{_text(name)}' is already defined {scope} (graphs are "
+                    "in SSA form: a subgraph cannot redefine a name it can see)"
+                )
+            defined.add(name)
 
 
 def _check_node_tensors(node: onnx.NodeProto, where: str) -> None:
@@ -130,20 +208,25 @@ def _check_node_tensors(node: onnx.NodeProto, where: str) -> None:
             _check_type_proto(tp, label)
 
 
-def _check_type_proto(tp: TypeProto, where: str, undefined_ok: bool = False) -> None:
+def _check_type_proto(tp: TypeProto, where: str, nested: str = "") -> None:
+    """A declared type names real element types all the way down. An empty type at the top
+    reads as "unknown"; inside a sequence, optional or map it names nothing (onnxruntime:
+    "Unsupported type proto value case")."""
     which = tp.WhichOneof("value")
+    if which is None and nested:
+        raise InvalidArgument(f"{where}: the element type of a {nested} type is not set")
     if which in ("tensor_type", "sparse_tensor_type"):
         tt = getattr(tp, which)
-        if tt.elem_type not in _VALID_ELEM_TYPES and not (undefined_ok and tt.elem_type == 0):
+        if tt.elem_type not in _VALID_ELEM_TYPES:
             raise InvalidArgument(f"{where}: invalid tensor element type {tt.elem_type}")
     elif which == "sequence_type":
-        _check_type_proto(tp.sequence_type.elem_type, where, undefined_ok)
+        _check_type_proto(tp.sequence_type.elem_type, where, "sequence")
     elif which == "optional_type":
-        _check_type_proto(tp.optional_type.elem_type, where, undefined_ok)
+        _check_type_proto(tp.optional_type.elem_type, where, "optional")
     elif which == "map_type":
         if tp.map_type.key_type not in _VALID_ELEM_TYPES:
             raise InvalidArgument(f"{where}: invalid map key type {tp.map_type.key_type}")
-        _check_type_proto(tp.map_type.value_type, where, undefined_ok)
+        _check_type_proto(tp.map_type.value_type, where, "map")
 
 
 def check_tensor(t: TensorProto, where: str) -> None:
@@ -329,6 +412,9 @@ def check_node(node: Node, g: Graph, ir_version: int) -> None:
         _check_subgraph_signature(node, g)
     if node.op_type in _WINDOW_OPS and node.domain == "":
         _check_window(node, g)
+    rule = _OP_RULES.get(node.op_type) if node.domain == "" else None
+    if rule is not None:
+        rule(node, g)
 
 
 def _arity(lo: int, hi: int) -> str:
@@ -438,9 +524,20 @@ def _check_subgraph_signature(node: Node, g: Graph) -> None:
     body = node.subgraphs.get("body")
     if body is None:
         return
+    # What the node passes to each body input, as onnxruntime checks it against the type the
+    # body declares there: Loop's iteration number is an int64 tensor (of any shape), its
+    # condition what the node is given, its carried values their element types (their shapes
+    # may change between iterations); Scan's states their types and shapes, and its scan
+    # inputs the shape of one slice.
+    passed: list[tuple[str, ValueType | None, str]]  # (name, type, what the type is of)
     if node.op_type == "Loop":
         want_in, want_out = n_in, 1 + n_out
-        carried = list(zip(node.inputs[2:], body.inputs[2:]))
+        cond = node.inputs[1] if n_in > 1 else ""
+        passed = [("", ValueType("tensor", TensorProto.INT64, None), "")]
+        passed.append((cond, g.type_of(cond) if cond else None, ""))
+        for name in node.inputs[2:]:
+            t = g.type_of(name) if name else None
+            passed.append((name, _without_shape(t), ""))
     else:
         n_scan = node.attrs.get("num_scan_inputs")
         first = 1 if node.since_version < 9 else 0  # Scan-8's sequence_lens
@@ -449,23 +546,56 @@ def _check_subgraph_signature(node: Node, g: Graph) -> None:
                 f"{label}: num_scan_inputs {n_scan} must be in [1, {n_in - first}] (the inputs)"
             )
         want_in, want_out = n_in - first, n_out
-        carried = list(zip(node.inputs[first : n_in - n_scan], body.inputs))
+        axes = list(node.attrs.get("scan_input_axes") or [])
+        passed = []
+        for k, name in enumerate(node.inputs[first:]):
+            t = g.type_of(name) if name else None
+            j = k - (n_in - first - n_scan)
+            of = ""
+            if first:  # Scan-8: batched inputs; only element types are compared
+                t = _without_shape(t)
+            elif j >= 0:
+                t, of = sliced_type(t, axes[j] if j < len(axes) else 0), "a slice of "
+            passed.append((name, t, of))
     if len(body.inputs) != want_in or len(body.outputs) != want_out:
         raise InvalidGraph(
             f"{label}: its body takes {len(body.inputs)} inputs and gives {len(body.outputs)} "
             f"outputs; with {n_in} node inputs and {n_out} outputs it must take {want_in} and "
             f"give {want_out}"
         )
-    for name, formal in carried:
-        actual = g.type_of(name) if name else None
-        want = formal.type
-        if actual is None or actual.kind != "tensor" or want.kind != "tensor":
-            continue
-        if actual.elem_type and want.elem_type and actual.elem_type != want.elem_type:
-            raise Fail(
-                f"Type Error: {label} passes '{name}' of type {actual.type_str()} to body input "
-                f"'{formal.name}' of type {want.type_str()}"
-            )
+    for (name, actual, of), formal in zip(passed, body.inputs):
+        _check_passed(label, name, actual, of, formal.name, formal.type)
+
+
+def _without_shape(t: ValueType | None) -> ValueType | None:
+    if t is None or t.kind not in ("tensor", "sparse_tensor"):
+        return t
+    return ValueType(t.kind, t.elem_type, None)
+
+
+def _check_passed(
+    label: str, name: str, actual: ValueType | None, of: str, formal: str, want: ValueType
+) -> None:
+    """A value passed to a body input agrees with the type the body declares there: the same
+    kind of value, element type and rank, and no dim of two different sizes."""
+    if actual is None or actual.kind == "unknown" or want.kind == "unknown":
+        return
+    what = f"'{name}'" if name else "the iteration number"
+    if actual.kind != want.kind or (
+        actual.kind in ("tensor", "sparse_tensor")
+        and actual.elem_type
+        and want.elem_type
+        and actual.elem_type != want.elem_type
+    ):
+        raise Fail(
+            f"Type Error: {label} passes {what} of type {actual.type_str()} to body input "
+            f"'{formal}' of type {want.type_str()}"
+        )
+    if shapes_conflict(actual, want):
+        raise Fail(
+            f"{label}: body input '{formal}' is declared with shape {shape_text(want.shape)} but "
+            f"the node passes {of}{what}, of shape {shape_text(actual.shape)}"
+        )
 
 
 _WINDOW_OPS = frozenset(
@@ -516,6 +646,52 @@ def _check_window(node: Node, g: Graph) -> None:
                 )
 
 
+def _constant(g: Graph, name: str) -> np.ndarray | None:
+    """The value of an initializer visible from ``g`` (None for anything else)."""
+    scope: Graph | None = g
+    while scope is not None and name:
+        if name in scope.initializers:
+            return np.asarray(scope.initializers[name])
+        scope = scope.parent
+    return None
+
+
+def _check_recurrent(node: Node, g: Graph) -> None:
+    """RNN, GRU and LSTM need ``hidden_size`` (the schema leaves it optional; onnxruntime's
+    kernels refuse a node without it), GRU and LSTM a positive one that fits in 32 bits."""
+    hidden = node.attrs.get("hidden_size")
+    if hidden is None:
+        raise Fail(f"{node.label()}: attribute 'hidden_size' must be given")
+    if node.op_type != "RNN" and not 0 < hidden <= 2**31 - 1:
+        raise Fail(
+            f"{node.label()}: attribute 'hidden_size' must be in [1, 2^31 - 1], got {hidden}"
+        )
+
+
+def _check_constant_scales(node: Node, g: Graph) -> None:
+    """Resize and Upsample scales given as an attribute (Upsample-7) or an initializer."""
+    if node.op_type == "Upsample" and node.since_version < 9:
+        scales = node.attrs.get("scales")
+    else:
+        at = 2 if node.op_type == "Resize" and node.since_version >= 11 else 1
+        scales = _constant(g, node.inputs[at]) if len(node.inputs) > at else None
+    if scales is None or not np.size(scales):
+        return
+    try:
+        check_resize_scales(node.op_type, np.asarray(scales).reshape(-1))
+    except ValueError as e:
+        raise Fail(f"{node.label()}: {e}") from None
+
+
+_OP_RULES = {
+    "RNN": _check_recurrent,
+    "GRU": _check_recurrent,
+    "LSTM": _check_recurrent,
+    "Resize": _check_constant_scales,
+    "Upsample": _check_constant_scales,
+}
+
+
 def check_window_attrs(
     n_spatial: int,
     kernel: Sequence[int] | None = None,
@@ -546,6 +722,19 @@ def check_window_attrs(
             raise ValueError(f"Attribute {name} must {rule}, got {[int(v) for v in values]}")
 
 
+def check_resize_scales(op_type: str, scales: Iterable[float]) -> None:
+    """Raise ValueError when a scale of Resize (> 0) or Upsample (>= 1: it only enlarges)
+    breaks the op's rule (NaN breaks both). Checked at load for constant scales
+    (``check_graph``) and by the kernels for fed ones."""
+    values = [float(v) for v in scales]
+    if op_type == "Upsample":
+        ok, rule = all(v >= 1.0 for v in values), "greater than or equal to 1"
+    else:
+        ok, rule = all(v > 0.0 for v in values), "greater than 0"
+    if not ok:
+        raise ValueError(f"Scale value should be {rule}; the scales are {values}")
+
+
 def _attr_type_name(t: int) -> str:
     try:
         return AttributeProto.AttributeType.Name(t)
@@ -553,8 +742,11 @@ def _attr_type_name(t: int) -> str:
         return str(t)
 
 
-def _node_label(node: onnx.NodeProto) -> str:
-    return f"{_text(node.op_type)} node '{_text(node.name)}'"
+def _node_label(node: onnx.NodeProto, index: int | None = None) -> str:
+    """How messages name a node: by its name, or as the IR names an unnamed one (its op and
+    its index in its graph) when the index is known."""
+    name = _text(node.name) or (f"{_text(node.op_type)}_{index}" if index is not None else "")
+    return f"{_text(node.op_type)} node '{name}'"
 
 
 def _text(s: Any) -> str:

@@ -166,7 +166,7 @@ class Reduce(TypedKernel):
         self._plan: tuple[Any, Any] = (None, None)
         const = info.constant_input(1) if info.has_input(1) else None
         # axes from an initializer (the usual case) are read once, not on every run
-        self.const_axes = None if const is None else self.to_axes(const)
+        self.const_axes = None if const is None else shapes.axes_input(const)
 
     @staticmethod
     def to_axes(a: Any) -> tuple[int, ...]:
@@ -176,7 +176,7 @@ class Reduce(TypedKernel):
         if self.const_axes is not None:
             return self.const_axes
         a = ctx.input(1)
-        return None if a is None else self.to_axes(a)
+        return None if a is None else shapes.axes_input(a)
 
     def plan(self, ctx: KernelContext, shape: tuple[int, ...]) -> Any:
         """(axes, output shape) for an input shape; None when the op is a no-op."""

@@ -304,13 +304,15 @@ class Concat(_Copies):
 
 
 class Split(_Copies):
-    """Split-13+: sizes from the optional ``split`` host input, else equal parts (Split-18's
-    ``num_outputs`` says how many; before it, the node's output count)."""
+    """Split-13+: sizes from the optional ``split`` host input, else equal parts (as many as
+    Split-18's ``num_outputs``, which must be the node's output count)."""
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.axis = int(info.attr("axis", 0))
-        self.n = int(info.attr("num_outputs", info.output_count))
+        self.n = info.output_count
+        num_outputs = info.attr("num_outputs")
+        self.num_outputs = None if num_outputs is None else int(num_outputs)
         self.split_const = constant_ints(info, 1)
 
     def sizes(self, ctx: KernelContext) -> list[int] | None:
@@ -319,7 +321,7 @@ class Split(_Copies):
     def copies(self, ctx: KernelContext) -> list[tuple[Any, Any]]:
         t = ctx.input(0)
         axis = shapes.normalize_axis(self.axis, t.ndim)
-        sizes = shapes.split_sizes(t.shape[axis], self.n, self.sizes(ctx))
+        sizes = shapes.split_sizes(t.shape[axis], self.n, self.sizes(ctx), self.num_outputs)
         x = self.arg(ctx, 0)
         index: list[Any] = [slice(None)] * t.ndim
         shape = list(t.shape)
@@ -449,8 +451,7 @@ class Pad(CudaKernel):
             raise ValueError(f"Pad: unknown mode '{self.mode}'")
 
     def params(self, ctx: KernelContext, rank: int) -> tuple[list[tuple[int, int]], Any]:
-        v = ctx.input(2)
-        value = 0 if v is None or v.size == 0 else v.reshape(-1)[0]
+        value = shapes.pad_constant(ctx.input(2))
         return shapes.pad_widths(rank, ints(ctx.input(1)), optional_ints(ctx, 3)), value
 
     def compute(self, ctx: KernelContext) -> None:

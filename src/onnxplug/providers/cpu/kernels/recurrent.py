@@ -1,24 +1,27 @@
-"""LSTM, GRU and RNN: onnx.reference's implementations behind a check of the optional inputs'
-shapes, which the reference does not make (an initial state of batch 1 would broadcast over a
-larger batch and give a result of the wrong shape). A wrong shape fails the run (``Fail``,
-as in onnxruntime) with onnxruntime's message.
+"""LSTM, GRU and RNN: onnx.reference's implementations behind a check of the inputs' shapes,
+which the reference does not make (weights of another hidden size fail deep inside numpy or
+give a result of the wrong size; an initial state of batch 1 would broadcast over a larger
+batch). A wrong shape fails the run with onnxruntime's message and error class.
 
-The checks are onnxruntime's: ``initial_h``/``initial_c`` are [num_directions, batch,
-hidden_size], ``B`` is [num_directions, 2 * gates * hidden_size], ``sequence_lens`` is [batch]
-with values in [1, seq_length] (LSTM's ``P``: [num_directions, 3 * hidden_size]).
+The checks are onnxruntime's: ``W`` is [num_directions, gates * hidden_size, input_size] and
+``R`` [num_directions, gates * hidden_size, hidden_size] (``InvalidArgument``), ``B``
+[num_directions, 2 * gates * hidden_size] (``InvalidArgument``), ``initial_h``/``initial_c``
+[num_directions, batch, hidden_size], ``sequence_lens`` [batch] with values in
+[1, seq_length] (LSTM's ``P``: [num_directions, 3 * hidden_size]). ``hidden_size`` itself is
+checked at load (``ir.validate``).
 """
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
-from onnxplug.ep import Fail, KernelContext, KernelInfo, KernelRegistry
+from onnxplug.ep import Fail, InvalidArgument, KernelContext, KernelInfo, KernelRegistry
 
-from .reference import ReferenceKernel, _ranges
+from .reference import ReferenceKernel, register_checked
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+# Inputs whose wrong shape onnxruntime reports as INVALID_ARGUMENT (the others: FAIL).
+_INVALID_ARGUMENT = frozenset({1, 2, 3})
 
 
 class _CheckedRecurrent(ReferenceKernel):
@@ -29,14 +32,17 @@ class _CheckedRecurrent(ReferenceKernel):
         self.batch_first = int(info.attr("layout", 0)) == 1
 
     def compute(self, ctx: KernelContext) -> None:
-        x, w = ctx.input(0), ctx.input(1)
+        x = ctx.input(0)
         if x is None or x.ndim != 3:
             raise Fail(f"{self._where()}: X must be 3-D, got {_shape(x)}")
         seq, batch = (x.shape[1], x.shape[0]) if self.batch_first else x.shape[:2]
         gates = GATES[self.info.op_type]
-        hidden = self.hidden or (w.shape[1] // gates if w is not None else 0)
-        d = self.directions
-        expect: dict[int, tuple[str, tuple[int, ...]]] = {3: ("B", (d, 2 * gates * hidden))}
+        hidden, d = self.hidden, self.directions
+        expect: dict[int, tuple[str, tuple[int, ...]]] = {
+            1: ("W", (d, gates * hidden, x.shape[2])),
+            2: ("R", (d, gates * hidden, hidden)),
+            3: ("B", (d, 2 * gates * hidden)),
+        }
         state = (batch, d, hidden) if self.batch_first else (d, batch, hidden)
         expect[5] = ("initial_h", state)
         if self.info.op_type == "LSTM":
@@ -45,7 +51,8 @@ class _CheckedRecurrent(ReferenceKernel):
         for index, (name, shape) in expect.items():
             v = ctx.input(index)
             if v is not None and tuple(v.shape) != shape:
-                raise Fail(
+                error = InvalidArgument if index in _INVALID_ARGUMENT else Fail
+                raise error(
                     f"{self._where()}: Input {name} must have shape {{{','.join(map(str, shape))}}}"
                     f". Actual:{{{','.join(map(str, v.shape))}}}"
                 )
@@ -68,8 +75,5 @@ def _shape(x: object) -> str:
 
 
 def register(registry: KernelRegistry) -> None:
-    ops = importlib.import_module("onnx.reference.ops._op_list")._build_registered_operators()
     for op in GATES:
-        for since, until, cls in _ranges(ops[op]):
-            kernel = type(f"Checked{op}_{since}", (_CheckedRecurrent,), {"op_class": cls})
-            registry.kernel(op, since=since, until=until)(kernel)
+        register_checked(registry, op, _CheckedRecurrent)

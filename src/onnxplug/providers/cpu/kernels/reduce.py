@@ -89,7 +89,7 @@ class Reduce(Kernel):
 
     def axes(self, ctx: KernelContext) -> list[int] | None:
         a = ctx.input(1)
-        return None if a is None else [int(v) for v in a.reshape(-1)]
+        return None if a is None else list(shapes.axes_input(a))
 
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)

@@ -86,9 +86,14 @@ class ReferenceKernel(Kernel):
                 self.op.seed = float(seed)
                 self.op.attributes_names_ = [*self.op.attributes_names_, "seed"]
 
+    def run_inputs(self, ctx: KernelContext) -> list[Any]:
+        """The inputs the reference implementation is given (subclasses check them first)."""
+        return list(ctx.inputs)
+
     def compute(self, ctx: KernelContext) -> None:
+        inputs = self.run_inputs(ctx)
         with np.errstate(all="ignore"):  # IEEE results are the answer (overflow in exp: inf)
-            res = self.op.run(*ctx.inputs)
+            res = self.op.run(*inputs)
         if not isinstance(res, tuple):
             res = (res,)
         for i, v in enumerate(res):
@@ -131,3 +136,12 @@ def register_reference_kernels(registry: KernelRegistry) -> None:
                 registry.kernel(
                     op_type, domain=domain, since=since, until=until, shape_only_inputs=shape_only
                 )(kernel_cls)
+
+
+def register_checked(registry: KernelRegistry, op_type: str, base: type[ReferenceKernel]) -> None:
+    """Register ``base`` (a ReferenceKernel that checks its inputs) over every version of the
+    default-domain op that onnx.reference implements."""
+    ops = importlib.import_module(_DOMAIN_MODULES[""])._build_registered_operators()
+    for since, until, cls in _ranges(ops[op_type]):
+        kernel = type(f"{base.__name__}_{since}", (base,), {"op_class": cls})
+        registry.kernel(op_type, since=since, until=until)(kernel)

@@ -121,13 +121,15 @@ class Concat(Kernel):
 
 
 class Split(Kernel):
-    """Split-13+: sizes from the optional ``split`` input, else equal parts (Split-18's
-    ``num_outputs`` says how many; before it, the node's output count)."""
+    """Split-13+: sizes from the optional ``split`` input, else equal parts (as many as
+    Split-18's ``num_outputs``, which must be the node's output count)."""
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.axis = int(info.attr("axis", 0))
-        self.n = int(info.attr("num_outputs", info.output_count))
+        self.n = info.output_count
+        num_outputs = info.attr("num_outputs")
+        self.num_outputs = None if num_outputs is None else int(num_outputs)
 
     def sizes(self, ctx: KernelContext) -> list[int] | None:
         return optional_ints(ctx, 1)
@@ -135,7 +137,7 @@ class Split(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
         axis = shapes.normalize_axis(self.axis, x.ndim)
-        sizes = shapes.split_sizes(x.shape[axis], self.n, self.sizes(ctx))
+        sizes = shapes.split_sizes(x.shape[axis], self.n, self.sizes(ctx), self.num_outputs)
         index: list[Any] = [slice(None)] * x.ndim
         pos = 0
         for i, s in enumerate(sizes):
@@ -235,8 +237,7 @@ class Pad(Kernel):
         self.mode = self.MODES[info.attr("mode", "constant")]
 
     def params(self, ctx: KernelContext, rank: int) -> tuple[list[tuple[int, int]], Any]:
-        v = ctx.input(2)
-        value = 0 if v is None or v.size == 0 else v.reshape(-1)[0]
+        value = shapes.pad_constant(ctx.input(2))
         return shapes.pad_widths(rank, ints(ctx.input(1)), optional_ints(ctx, 3)), value
 
     def compute(self, ctx: KernelContext) -> None:
