@@ -126,7 +126,7 @@ def part_alloc(args: argparse.Namespace) -> list[dict[str, Any]]:
     from onnxplug_cuda.stream import CudaSyncStream
 
     dev = next(d for d in ox.get_ep_devices() if d.ep_name == CUDA)
-    mi = dev.memory_info
+    mi = dev.ep_device.memory_info  # the provider-level device (a MemoryInfo, not the method)
     stream = CudaSyncStream(mi.device, 0)
     arena = CudaDeviceArena(CudaDeviceAllocator(mi, 0), ArenaConfig())
     pool = CudaMempoolAllocator(mi, 0, release_threshold=1 << 62)
