@@ -249,3 +249,35 @@ def test_attention_kernel_rejects_a_bias_that_does_not_broadcast():
     feeds["bias"] = np.zeros((B, 3, S, S), np.float32)
     with pytest.raises(Exception, match="MultiHeadAttention node .*attention_bias"):
         sess.run(None, feeds)
+
+
+def test_prepared_attention_reads_the_heads_in_place_at_batch_1(sim, monkeypatch):
+    """The prepared (steady-state) Attention: at batch 1 the heads are strided views of the
+    packed projection and the context is written in place, so the node binds no copy kernel
+    (four at batch 2: three head layouts and the context); every run matches the unfused CPU
+    graph."""
+    from onnxplug_cuda.kernels import _fused
+
+    real = _fused.COPY
+    bound: list[int] = []
+
+    class CountedCopy:  # the copy kernel, counting the calls bound to it
+        def bind(self, *a, **k):
+            bound.append(1)
+            return real.bind(*a, **k)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(_fused, "COPY", CountedCopy())
+    path = str(DATA / "bert_eager_torchscript.onnx")
+    copies = {}
+    for batch in (1, 2):
+        feeds = {k: v[:batch] for k, v in _feeds(left_pad=False).items()}
+        ref = _session(path, [CPU], fuse=False).run(None, feeds)[0]
+        sess = _session(path, [SIM, CPU])
+        bound.clear()
+        for _ in range(4):  # recording, binding the prepared calls, prepared runs
+            np.testing.assert_allclose(sess.run(None, feeds)[0], ref, rtol=1e-5, atol=1e-5)
+        copies[batch] = len(bound)
+    assert copies[2] - copies[1] == 4  # the other nodes' copies are the same at both batches

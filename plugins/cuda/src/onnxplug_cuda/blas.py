@@ -387,15 +387,18 @@ class LtGemm:
             return None
         if c is not None and beta == 0:
             c = None
-        if not (a.flags.c_contiguous and b.flags.c_contiguous):
-            return None
-        mode = 0 if c is None else (2 if c is out else 1)
-        if mode == 1 and (c.shape != out.shape or not c.flags.c_contiguous):
-            return None
-        gkey = (a.shape, b.shape, out.shape, trans_a, trans_b, mode, epilogue, dt)
-        geo = self._geo.get(gkey, _MISSING)
-        if geo is _MISSING:
-            geo = self._geometry(gkey)
+        if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+            if c is not None or bias is not None or epilogue is not None:
+                return None
+            geo = self._strided_geometry(a, b, out, trans_a, trans_b, dt)
+        else:
+            mode = 0 if c is None else (2 if c is out else 1)
+            if mode == 1 and (c.shape != out.shape or not c.flags.c_contiguous):
+                return None
+            gkey = (a.shape, b.shape, out.shape, trans_a, trans_b, mode, epilogue, dt)
+            geo = self._geo.get(gkey, _MISSING)
+            if geo is _MISSING:
+                geo = self._geometry(gkey)
         if geo is None:
             return None
         pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
@@ -549,6 +552,9 @@ class LtGemm:
             stride_d,
             epilogue,
             mode,
+            0,  # leading dimensions: dense
+            0,
+            0,
         )
         scale = np.float64 if dt == _F64 else np.float32
         geo.scale = scale
@@ -557,6 +563,47 @@ class LtGemm:
             if len(self._geo) > _MAX_PLANS:
                 self._geo.clear()
             self._geo[gkey] = geo
+        return geo
+
+    def _strided_geometry(
+        self, a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool, dt: np.dtype
+    ) -> _Geo | None:
+        """A batch of row-strided matrices (prepared calls only): each operand a rank-3 view
+        (batch, rows, cols) with unit column stride and any row and batch strides, as the heads
+        of a packed (S, 3 * N * H) projection are; one strided-batched call, no copies. None
+        where the views do not fit (another layout, a dtype cuBLASLt does not take here)."""
+        isz = dt.itemsize
+        ops = (a, b, out)
+        if dt not in self._cuda_type or any(
+            x.ndim != 3 or x.dtype.itemsize != isz or x.strides[-1] != isz for x in ops
+        ):
+            return None
+        if any(st % isz or st < 0 for x in ops for st in x.strides):
+            return None
+        count = out.shape[0]
+        if a.shape[0] != count or b.shape[0] != count:
+            return None
+        (s_a, ld_a), (s_b, ld_b), (s_d, ld_d) = (
+            (x.strides[0] // isz, x.strides[1] // isz) for x in ops
+        )
+        ra, ca = a.shape[1:]
+        rb, cb = b.shape[1:]
+        M, N = out.shape[1:]
+        K = ra if trans_a else ca
+        if (rb if not trans_b else cb) != K or (ca if trans_a else ra) != M:
+            return None
+        if (rb if trans_b else cb) != N or ld_a < ca or ld_b < cb or ld_d < N or K == 0:
+            return None
+        geo = _Geo()
+        # alignment the batch strides and leading dimensions allow, in cuBLASLt's order B, A, C, D
+        sal = [min(_align(s * isz), _align(ld * isz)) for s, ld in ((s_b, ld_b), (s_a, ld_a))]
+        sal += [min(_align(s_d * isz), _align(ld_d * isz))] * 2
+        geo.sal = tuple(sal)
+        geo.offsets = ((0, 0, 0),)
+        geo.key = (dt, N, M, K, trans_a, trans_b, ra, ca, rb, cb, count, s_a, s_b, s_d, None, 0)
+        geo.key += (ld_a, ld_b, ld_d)
+        geo.scale = np.float64 if dt == _F64 else np.float32
+        geo.plans = {}
         return geo
 
     def _run(
@@ -648,7 +695,8 @@ class LtGemm:
     def _build(self, ctx: Any, key: tuple, bias_ptr: int) -> _LtPlan:
         L = self.L
         (dt, m, n, k, trans_a, trans_b, ra, ca, rb, cb, count, s_a, s_b, s_d, epi, mode) = key[:16]
-        al = key[16:]  # pointer alignments of cuBLASLt's B, A, C, D
+        ld_a, ld_b, ld_d = key[16:19]  # row strides in elements (0: dense)
+        al = key[19:]  # pointer alignments of cuBLASLt's B, A, C, D
         cdt = self._cuda_type[dt]
         scale_type = _CUDA_R_64F if dt == _F64 else _CUDA_R_32F
         plan = _LtPlan(L)
@@ -677,9 +725,9 @@ class LtGemm:
             return lay
 
         # a stored row-major (r, c) matrix is the column-major (c, r) matrix with ld c
-        plan.la = layout(cb, rb, cb, s_b)
-        plan.lb = layout(ca, ra, ca, s_a)
-        plan.ld = layout(m, n, m, s_d)
+        plan.la = layout(cb, rb, ld_b or cb, s_b)
+        plan.lb = layout(ca, ra, ld_a or ca, s_a)
+        plan.ld = layout(m, n, ld_d or m, s_d)
         plan.lc = layout(m, n, m, s_d) if mode == 1 else plan.ld
         plan.pref = L.matmul_preference_create()
         set_pref = L.matmul_preference_set_attribute

@@ -3,7 +3,8 @@
 
 The generic path, for every float type: the heads are laid out as (B, N, S, H) (one copy per
 operand; Attention first projects ``input @ weights + bias`` in one cuBLASLt GEMM with a bias
-epilogue), ``scale * Q @ K^T`` is one strided-batched cuBLASLt GEMM over the B*N heads into a
+epilogue; at batch 1 the prepared form reads the heads in place from the projection and writes
+the context in place into the output instead, through strided GEMMs: no copies), ``scale * Q @ K^T`` is one strided-batched cuBLASLt GEMM over the B*N heads into a
 (B, N, S, T) scores buffer, one row kernel adds the attention bias and the masks (bias read
 through broadcast strides, ``mask_filter_value`` at masked positions), takes the softmax in
 float32 (float64 for float64) and zeroes NaN probabilities when ``zero_nan_probabilities`` is
@@ -293,11 +294,11 @@ class Attention(_AttentionBase):
             present[1] = v4
 
     def prepare(self, ctx: KernelContext) -> Any:
-        """The common case as bound calls: the packed projection GEMM, the three head copies,
+        """The common case as bound calls: the packed projection GEMM, the three head copies
+        (none at batch 1),
         the mask's additive term (one elementwise kernel from the mask input, each run), the
         two strided-batch GEMMs around the masked softmax, and the copy into the output. The
         temporaries are slices of the frame's workspace (``ctx.workspace``)."""
-        xp = self.xp
         x, w, bias, mask, past = (self.arg(ctx, i) for i in range(5))
         attn_bias = self.arg(ctx, 5)
         if past is not None or ctx.has_output(1) or x.ndim != 3 or w.ndim != 2:
@@ -324,28 +325,74 @@ class Attention(_AttentionBase):
             return be.array_at(ctx.workspace(nbytes), shape_, dtype_, ctx)
 
         qkv = buf((b * s, total), st)
-        q4, k4, v4 = buf((b, n, s, h), st), buf((b, n, t, h), st), buf((b, n, t, hv), st)
-        scores, ctx4 = buf(shape, st), buf((b, n, s, hv), st)
+        scores = buf(shape, st)
         y = self.alloc(ctx, 0, (b, s, n * hv), dt)
-        calls = [self.gemm.prepare(ctx, x.reshape(b * s, din), w, qkv, bias=bias, dtype=dt)]
-        q3 = qkv.reshape(b, s, total)
-        for dst, lo, hi, hd in ((q4, 0, dq, h), (k4, dq, dq + dk, h), (v4, dq + dk, total, hv)):
-            src = q3[..., lo:hi].reshape(b, s, n, hd).transpose(0, 2, 1, 3)
-            calls.append(F.COPY.bind(xp, src, dst, stream=sh))
-        add = None
+        proj = self.gemm.prepare(ctx, x.reshape(b * s, din), w, qkv, bias=bias, dtype=dt)
+        add = make = None
         if add_src is not None:
             add, make = add_src(buf, sh)
-            if make is not None:
-                calls.append(make)
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(h)
-        calls.append(self.gemm.prepare(ctx, q4, k4, scores, trans_b=True, alpha=scale, dtype=dt))
-        calls.append(self._softmax_call(scores, add, dt, sh))
-        calls.append(self.gemm.prepare(ctx, scores, v4, ctx4, dtype=dt))
-        out4 = y.reshape(b, s, n, hv)
-        calls.append(F.COPY.bind(xp, ctx4.transpose(0, 2, 1, 3), out4, stream=sh))
+        softmax = self._softmax_call(scores, add, dt, sh)
+        heads = None
+        if b == 1:
+            heads = self._heads_in_place(ctx, qkv, scores, y, (n, s, h, hv, dq, dk), scale, dt)
+        if heads is None:
+            heads = self._heads_copied(ctx, qkv, scores, y, buf, (b, n, s, h, hv), scale, dt)
+        gemm_qk, gemm_pv, copies_in, copies_out = heads
+        mask = [make] if make is not None else []  # None: the additive term needs no kernel
+        calls = [proj, *copies_in, *mask, gemm_qk, softmax, gemm_pv, *copies_out]
         if any(c is None for c in calls):
             return None
         return bound_calls(calls)
+
+    def _heads_in_place(
+        self, ctx: Any, qkv: Any, scores: Any, y: Any, dims: tuple, scale: float, dt: Any
+    ) -> tuple | None:
+        """Batch 1: the heads read in place from the packed projection (row stride = its width)
+        and the context written in place into the (S, N * Hv) output, by strided-batched GEMMs
+        over the N heads: no copies (four per node otherwise). None where the GEMM engine has
+        no prepared form for such views."""
+        n, s, h, hv, dq, dk = dims
+        total, isz = qkv.shape[1], qkv.dtype.itemsize
+        strided = self.xp.lib.stride_tricks.as_strided
+
+        def heads(lo: int, width: int) -> Any:  # (N, S, width) views of columns lo..
+            return strided(
+                qkv[:, lo:], shape=(n, s, width), strides=(width * isz, total * isz, isz)
+            )
+
+        q, k, v = heads(0, h), heads(dq, h), heads(dq + dk, hv)
+        scores3 = scores.reshape(n, s, s)
+        out = strided(y, shape=(n, s, hv), strides=(hv * isz, n * hv * isz, isz))
+        qk = self.gemm.prepare(ctx, q, k, scores3, trans_b=True, alpha=scale, dtype=dt)
+        pv = self.gemm.prepare(ctx, scores3, v, out, dtype=dt)
+        if qk is None or pv is None:
+            return None
+        return qk, pv, [], []
+
+    def _heads_copied(
+        self, ctx: Any, qkv: Any, scores: Any, y: Any, buf: Any, dims: tuple, scale: float, dt: Any
+    ) -> tuple:
+        """The heads copied into (B, N, S, H) buffers, two strided-batched GEMMs, and the
+        context copied into the output."""
+        xp, sh, st = self.xp, self.stream_handle(ctx), qkv.dtype
+        b, n, s, h, hv = dims
+        dq, dk = n * h, n * h
+        q4, k4, v4 = buf((b, n, s, h), st), buf((b, n, s, h), st), buf((b, n, s, hv), st)
+        ctx4 = buf((b, n, s, hv), st)
+        q3 = qkv.reshape(b, s, qkv.shape[1])
+        total = qkv.shape[1]
+        copies_in = [
+            F.COPY.bind(
+                xp, q3[..., lo:hi].reshape(b, s, n, hd).transpose(0, 2, 1, 3), dst, stream=sh
+            )
+            for dst, lo, hi, hd in ((q4, 0, dq, h), (k4, dq, dq + dk, h), (v4, dq + dk, total, hv))
+        ]
+        qk = self.gemm.prepare(ctx, q4, k4, scores, trans_b=True, alpha=scale, dtype=dt)
+        pv = self.gemm.prepare(ctx, scores, v4, ctx4, dtype=dt)
+        out4 = y.reshape(b, s, n, hv)
+        copies_out = [F.COPY.bind(xp, ctx4.transpose(0, 2, 1, 3), out4, stream=sh)]
+        return qk, pv, copies_in, copies_out
 
     def _additive_source(self, attn_bias: Any, mask: Any, shape: tuple, wide: np.dtype) -> Any:
         """How the additive term (attention bias plus the mask's filter value) is made each
