@@ -24,7 +24,6 @@ from onnxplug.ep import Device, DeviceTensor, MemoryInfo, host_view
 from onnxplug.errors import InvalidArgument
 from onnxplug.integrations.multi_device import SessionPool, devices_of
 from tests.conftest import doc_recipe, run_in_threads
-from tests.plugins import virtual_device as vd
 from tests.plugins.graphs import make_model, node, tensor, weights
 
 PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
@@ -35,7 +34,6 @@ from onnxplug_cuda import runtime, sim  # noqa: E402
 from onnxplug_cuda.memory import CudaDeviceAllocator  # noqa: E402
 from onnxplug_cuda.stream import CudaSyncStream  # noqa: E402
 from onnxplug_cuda.transfer import SAME, CudaDataTransfer  # noqa: E402
-
 from tests.plugins.fake_cudart import FakeCudart, install  # noqa: E402
 
 CPU = "CPUExecutionProvider"
@@ -335,7 +333,11 @@ def test_session_pool_errors(two_virt, virt):
     with pytest.raises(InvalidArgument, match="no device to run on.*'NoSuchExecutionProvider'"):
         SessionPool(relu_model(), "NoSuchExecutionProvider")
     pool = SessionPool(relu_model(), virt.name)  # a provider name: every device it offers
-    assert [d.ep_name for d in pool.devices] == [virt.name] == [d.ep_name for d in devices_of(virt.name)]
+    assert (
+        [d.ep_name for d in pool.devices]
+        == [virt.name]
+        == [d.ep_name for d in devices_of(virt.name)]
+    )
     bad = pool.run(None, {"x": np.zeros((2, K + 1), np.float32)})
     with pytest.raises(InvalidArgument, match="x"):
         bad.result(timeout=30)  # the session's error reaches the caller
@@ -358,3 +360,34 @@ def test_multi_gpu_recipe_runs_on_two_virtual_devices(two_virt, virt, virt1, tmp
     exec(compile(code, "every-gpu recipe", "exec"), scope)
     assert scope["outputs"] and len(scope["outputs"]) == 64
     assert sum(scope["pool_runs"]) == 64
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line
+
+
+def test_cli_runs_on_the_second_device_and_lists_both(two_sims, capsys, tmp_path):
+    from onnxplug.cli.main import main
+
+    path = tmp_path / "chain.onnx"
+    path.write_bytes(CHAIN)
+    rc = main(["run", str(path), "--provider", SIM, "--provider", CPU, "--device-id", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"device: {SIM} on device 1" in out
+    rc = main(["providers"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"{SIM} (onnxplug) on GPU:0" in out and f"{SIM} (onnxplug) on GPU:1" in out
+    rc = main(["run", str(path), "--provider", SIM, "--device-id", "2"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "device_id '2' is not one of the devices" in err
+    rc = main(["run", str(path), "--provider", CPU, "--device-id", "1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--device-id 1 needs a provider with devices" in err
+    rc = main(
+        ["run", str(path), "--provider", SIM, "--provider-option", f"{SIM}:device_id=0",
+         "--device-id", "1"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc != 0 and "disagree" in err

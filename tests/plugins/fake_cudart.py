@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 
-class cudaError_t(IntEnum):  # noqa: N801 (the runtime's name)
+class cudaError_t(IntEnum):
     cudaSuccess = 0
     cudaErrorInvalidValue = 1
     cudaErrorMemoryAllocation = 2
@@ -30,7 +30,7 @@ class cudaError_t(IntEnum):  # noqa: N801 (the runtime's name)
     cudaErrorPeerAccessAlreadyEnabled = 704
 
 
-class cudaMemcpyKind(IntEnum):  # noqa: N801
+class cudaMemcpyKind(IntEnum):
     cudaMemcpyHostToHost = 0
     cudaMemcpyHostToDevice = 1
     cudaMemcpyDeviceToHost = 2

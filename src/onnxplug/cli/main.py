@@ -90,8 +90,7 @@ def provider_entries(
             given = opts[n].get("device_id")
             if given is not None and given != str(device_id):
                 raise CliError(
-                    f"--device-id {device_id} and --provider-option {n}:device_id={given} "
-                    "disagree"
+                    f"--device-id {device_id} and --provider-option {n}:device_id={given} disagree"
                 )
             opts[n]["device_id"] = str(device_id)
     return [(n, opts[n]) if opts[n] else n for n in chosen]

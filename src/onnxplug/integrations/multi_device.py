@@ -69,9 +69,7 @@ class SessionPool:
         self._closed = False
         self._lock = threading.Lock()
         self._threads = [
-            threading.Thread(
-                target=self._serve, args=(i,), name=f"onnxplug-pool-{i}", daemon=True
-            )
+            threading.Thread(target=self._serve, args=(i,), name=f"onnxplug-pool-{i}", daemon=True)
             for i in range(len(chosen))
         ]
         for t in self._threads:
