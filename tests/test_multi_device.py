@@ -25,6 +25,7 @@ from onnxplug.errors import InvalidArgument
 from onnxplug.integrations.multi_device import SessionPool, devices_of
 from tests.conftest import doc_recipe, run_in_threads
 from tests.plugins.graphs import make_model, node, tensor, weights
+from tests.test_memory import CHAIN, K, rand, reference  # the GEMM chain model and its feeds
 
 PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
 if str(PLUGIN_SRC) not in sys.path:
@@ -38,34 +39,6 @@ from tests.plugins.fake_cudart import FakeCudart, install  # noqa: E402
 
 CPU = "CPUExecutionProvider"
 SIM = "CUDASimExecutionProvider"
-K, H = 16, 64
-
-
-def chain_model() -> bytes:
-    """x[N,K] -> MatMul -> Relu -> MatMul -> Add -> Softmax -> y: GEMMs, an elementwise op, a
-    bias and a row kernel, all on the device."""
-    w1, w2, b = weights(3, (K, H), (H, K), (K,))
-    nodes = [
-        node("MatMul", ["x", "w1"], ["h1"]),
-        node("Relu", ["h1"], ["h2"]),
-        node("MatMul", ["h2", "w2"], ["h3"]),
-        node("Add", ["h3", "b"], ["h4"]),
-        node("Softmax", ["h4"], ["y"], axis=-1),
-    ]
-    return make_model(
-        nodes, [tensor("x", ["N", K])], [tensor("y", ["N", K])], {"w1": w1, "w2": w2, "b": b}
-    )
-
-
-CHAIN = chain_model()
-
-
-def rand(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((n, K)).astype(np.float32)
-
-
-def reference(x: np.ndarray) -> np.ndarray:
-    return ox.InferenceSession(CHAIN, providers=[CPU]).run(None, {"x": x})[0]
 
 
 @pytest.fixture

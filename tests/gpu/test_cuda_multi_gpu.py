@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from tests.conftest import run_in_threads
 from tests.gpu._cuda import CPU, CUDA, cuda_marks
-from tests.plugins.graphs import make_model, node, tensor, weights
+from tests.plugins.graphs import gemm_chain, make_model, node, tensor, weights
 
 import onnxplug as ox
 
@@ -43,22 +43,19 @@ two_gpus = pytest.mark.skipif(
 
 def model() -> bytes:
     """GEMMs (cuBLASLt), a Conv (cuDNN), elementwise and a Softmax (compiled kernels)."""
-    w1, w2, b, cw = weights(7, (K, H), (H, K), (K,), (4, 1, 3, 3))
-    nodes = [
-        node("MatMul", ["x", "w1"], ["h1"]),
-        node("Relu", ["h1"], ["h2"]),
-        node("MatMul", ["h2", "w2"], ["h3"]),
-        node("Add", ["h3", "b"], ["h4"]),
+    nodes, inits = gemm_chain(K, H, out="h4", seed=7)
+    nodes += [
         node("Softmax", ["h4"], ["y"], axis=-1),
         node("Reshape", ["h4", "shape"], ["img"]),
         node("Conv", ["img", "cw"], ["z"], pads=[1, 1, 1, 1]),
     ]
-    shape = np.array([-1, 1, 16, 16], np.int64)
+    inits["cw"] = weights(8, (4, 1, 3, 3))[0]
+    inits["shape"] = np.array([-1, 1, 16, 16], np.int64)
     return make_model(
         nodes,
         [tensor("x", ["N", K])],
         [tensor("y", ["N", K]), tensor("z", ["N", 4, 16, 16])],
-        {"w1": w1, "w2": w2, "b": b, "cw": cw, "shape": shape},
+        inits,
     )
 
 
