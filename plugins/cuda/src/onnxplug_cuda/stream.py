@@ -175,9 +175,9 @@ class CudaSyncStream(SyncStream):
         if self._cupy is None:
             import cupy
 
-            # with its device named, CuPy refuses to use the stream while another device is
-            # current instead of launching there
-            self._cupy = cupy.cuda.ExternalStream(self._handle, self.ordinal)
+            # CuPy takes a foreign stream to be of the device current when it wraps it
+            with DeviceGuard(self.ordinal):
+                self._cupy = cupy.cuda.Stream.from_external(self)
         return self._cupy
 
     # protocol -------------------------------------------------------------------------------------
