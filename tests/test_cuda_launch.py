@@ -33,15 +33,27 @@ class _Array:
         self.ndim, self.itemsize = a.ndim, a.itemsize
 
 
+class _Runtime:
+    device = 0  # the current device, as CuPy's runtime reports it
+
+    @staticmethod
+    def getDevice() -> int:  # CuPy's name
+        return _Runtime.device
+
+
 class _Xp:
     sources: list[str] = []
+
+    class cuda:  # CuPy's name
+        runtime = _Runtime
 
     class RawModule:
         def __init__(self, code: str, options: tuple):
             _Xp.sources.append(code)
+            self.device = _Runtime.device
 
-        def get_function(self, name: str) -> int:
-            return 1
+        def get_function(self, name: str) -> tuple[str, int]:
+            return (name, self.device)  # a function of the device current at loading
 
 
 @pytest.fixture
@@ -69,6 +81,28 @@ def test_scalars_are_passed_by_value_and_arrays_by_pointer(launches):
     assert "const float32 alpha" in src and "_p_alpha" not in src
     assert "const T* __restrict__ _p_x" in src and "T* __restrict__ _p_y" in src
     assert params[3].n == 4 * 33 and params[3].ndim == 1  # dense: one flat dim
+
+
+def test_compiled_functions_are_kept_per_device(launches, monkeypatch):
+    """A function loaded while device 0 was current cannot launch on device 1: each device
+    compiles and loads its own, once."""
+    monkeypatch.setattr(_Runtime, "device", 0)
+    op = F.UFUNC_BINARY["multiply"]
+    shape = (3, 7)
+
+    def bind() -> None:
+        a, b, y = (_Array(np.zeros(shape, np.float32), p) for p in (512, 1024, 2048))
+        op.bind(_Xp, a, b, y, stream=0)
+
+    bind()
+    bind()
+    monkeypatch.setattr(_Runtime, "device", 1)
+    bind()
+    bind()
+    assert len(_Xp.sources) == 2  # once per device
+    from onnxplug_cuda.kernels._fused import function_devices
+
+    assert {0, 1} <= set(function_devices())
 
 
 def test_broadcast_operands_get_zero_strides(launches):

@@ -22,7 +22,7 @@ from onnxplug.session.environment import get_environment
 from onnxplug.session.memory import parse_shrink_spec
 from tests.conftest import run_in_threads
 from tests.plugins import virtual_device as vd
-from tests.plugins.graphs import make_model, node, tensor, weights
+from tests.plugins.graphs import gemm_chain, make_model, tensor
 
 CPU = "CPUExecutionProvider"
 ARENA = vd.ARENA_NAME
@@ -35,16 +35,8 @@ K, H = 64, 1024  # input/output width, hidden width of the chain model
 def chain_model() -> bytes:
     """x[N,K] -> MatMul -> Relu -> MatMul -> Add -> y[N,K], every node on the device; the
     hidden activations are 16 times the size of the input."""
-    w1, w2, b = weights(1, (K, H), (H, K), (K,))
-    nodes = [
-        node("MatMul", ["x", "w1"], ["h1"]),
-        node("Relu", ["h1"], ["h2"]),
-        node("MatMul", ["h2", "w2"], ["h3"]),
-        node("Add", ["h3", "b"], ["y"]),
-    ]
-    return make_model(
-        nodes, [tensor("x", ["N", K])], [tensor("y", ["N", K])], {"w1": w1, "w2": w2, "b": b}
-    )
+    nodes, inits = gemm_chain(K, H)
+    return make_model(nodes, [tensor("x", ["N", K])], [tensor("y", ["N", K])], inits)
 
 
 CHAIN = chain_model()

@@ -45,6 +45,19 @@ def weights(seed: int, *shapes: tuple[int, ...]) -> list[np.ndarray]:
     return [rng.standard_normal(s).astype(np.float32) for s in shapes]
 
 
+def gemm_chain(k: int, h: int, out: str = "y", seed: int = 1) -> tuple[list, dict]:
+    """The nodes and initializers of x[N,k] -> MatMul -> Relu -> MatMul -> Add(bias) -> ``out``
+    [N,k] (every node on a device that has GEMMs; the hidden width is ``h``)."""
+    w1, w2, b = weights(seed, (k, h), (h, k), (k,))
+    nodes = [
+        node("MatMul", ["x", "w1"], ["h1"]),
+        node("Relu", ["h1"], ["h2"]),
+        node("MatMul", ["h2", "w2"], ["h3"]),
+        node("Add", ["h3", "b"], [out]),
+    ]
+    return nodes, {"w1": w1, "w2": w2, "b": b}
+
+
 def mlp() -> bytes:
     """x[N,4] -> MatMul -> Add -> Relu -> Tanh -> MatMul -> Reshape(shape from Shape/Gather/
     Concat of x) -> Softmax -> y[N,3], plus t = Transpose of the reshaped value.

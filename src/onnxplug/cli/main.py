@@ -53,12 +53,14 @@ def _key_value(text: str, what: str) -> tuple[str, str]:
 
 
 def provider_entries(
-    names: Sequence[str] | None, options: Sequence[str] | None
+    names: Sequence[str] | None, options: Sequence[str] | None, device_id: int | None = None
 ) -> list[Any] | None:
-    """``--provider``/``--provider-option`` to InferenceSession's ``providers`` argument.
+    """``--provider``/``--provider-option``/``--device-id`` to InferenceSession's
+    ``providers`` argument.
 
     Without ``--provider`` the session gets every available provider in default priority order
     (accelerators first, CPU last), like onnxruntime's ``get_available_providers()``.
+    ``--device-id N`` is the ``device_id`` option of every provider but the CPU's.
     """
     import onnxplug as ox
 
@@ -77,7 +79,30 @@ def provider_entries(
             )
         key, value = _key_value(kv, "--provider-option")
         opts[name][key] = value
+    if device_id is not None:
+        devices = [n for n in chosen if n != "CPUExecutionProvider"]
+        if not devices:
+            raise CliError(
+                f"--device-id {device_id} needs a provider with devices; the session's "
+                f"providers are {chosen}"
+            )
+        for n in devices:
+            given = opts[n].get("device_id")
+            if given is not None and given != str(device_id):
+                raise CliError(
+                    f"--device-id {device_id} and --provider-option {n}:device_id={given} disagree"
+                )
+            opts[n]["device_id"] = str(device_id)
     return [(n, opts[n]) if opts[n] else n for n in chosen]
+
+
+def device_lines(sess: Any) -> list[str]:
+    """The device each of the session's providers runs on (those with a ``device_id``)."""
+    lines = []
+    for name, opts in sess.get_provider_options().items():
+        if "device_id" in opts and name != "CPUExecutionProvider":
+            lines.append(f"device: {name} on device {opts['device_id']}")
+    return lines
 
 
 def _dtype_of(type_str: str) -> np.dtype:
@@ -404,10 +429,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import onnxplug as ox
 
     path = demo_model_path()
-    providers = provider_entries(args.provider, args.provider_option)
+    providers = provider_entries(args.provider, args.provider_option, args.device_id)
     sess = _session(path, providers)
     print(f"onnxplug {ox.__version__} demo: {path.name}, a tiny CNN classifying 8x8 images")
     print(f"providers: {sess.get_providers()}")
+    for line in device_lines(sess):
+        print(line)
     print("model:")
     for line in _io_lines(sess):
         print(line)
@@ -441,10 +468,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = Path(args.model)
     if not model.exists():
         raise CliError(f"no such model file: {model}")
-    providers = provider_entries(args.provider, args.provider_option)
+    providers = provider_entries(args.provider, args.provider_option, args.device_id)
     sess = _session(model, providers)
     print(f"model: {model}")
     print(f"providers: {sess.get_providers()}")
+    for line in device_lines(sess):
+        print(line)
     for line in _io_lines(sess):
         print(line)
     defaulted: list[str] = []
@@ -509,7 +538,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 f"--png {args.png} needs matplotlib (pip install matplotlib); --html writes "
                 "the same charts without it"
             ) from None
-    providers = provider_entries(args.provider, args.provider_option)
+    providers = provider_entries(args.provider, args.provider_option, args.device_id)
     with tempfile.TemporaryDirectory(prefix="onnxplug-profile-") as tmp:
         so = ox.SessionOptions()
         so.add_session_config_entry("session.strict_providers", "1")
@@ -569,7 +598,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_conformance(args: argparse.Namespace) -> int:
     from onnxplug.tools.conformance import main_run
 
-    providers = provider_entries(args.provider or ["CPUExecutionProvider"], args.provider_option)
+    providers = provider_entries(
+        args.provider or ["CPUExecutionProvider"], args.provider_option, args.device_id
+    )
     if args.pattern:
         try:
             re.compile(args.pattern)
@@ -674,6 +705,13 @@ def _add_provider_args(p: argparse.ArgumentParser, help_default: str) -> None:
         action="append",
         metavar="NAME:key=value",
         help="an option for provider NAME (repeatable)",
+    )
+    p.add_argument(
+        "--device-id",
+        type=int,
+        metavar="N",
+        help="the device of every provider but the CPU's (their device_id option; "
+        "'onnxplug providers' lists the devices)",
     )
 
 

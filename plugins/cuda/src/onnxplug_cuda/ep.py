@@ -84,7 +84,7 @@ class CudaEp(Ep):
         self._streams: list[Any] = []
         self._external: Allocator | None = None
         self._shared: Allocator | None = None
-        self._run_tokens = threading.local()
+        self._run_tokens = threading.local()  # per thread: the run's device guard and token
         self._graphs: dict[int, tuple[Any, Any]] = {}  # graph id -> (graph exec, stream)
         for w in options.warnings:
             warnings.warn(f"{self.name}: {w}", stacklevel=2)
@@ -174,6 +174,10 @@ class CudaEp(Ep):
             return self._shared
 
     def create_sync_stream(self) -> Any:
+        with self.device_guard():
+            return self._create_sync_stream()
+
+    def _create_sync_stream(self) -> Any:
         o = self.options
         if o.unified_stream:
             with self._lock:
@@ -206,14 +210,34 @@ class CudaEp(Ep):
         return self.factory.create_device_timer(self)
 
     # runs ---------------------------------------------------------------------------------------
+    def device_guard(self) -> Any:
+        """A context manager making this provider's device current (and restoring the
+        caller's): every entry into the provider that touches the device runs inside one."""
+        return self.factory.device_guard(self.ordinal)
+
     def on_run_start(self, run_options: Any) -> None:
-        self._run_tokens.token = self.backend.enter_run(self.run_allocator())
+        """The run's device is made current on the thread that runs it, for the whole run
+        (kernels, allocations, copies, graph replay; onnxruntime's plugin EP: "always set CUDA
+        device when session::Run() in case it runs in a worker thread"); ``on_run_end``
+        gives the thread its device back."""
+        tls = self._run_tokens
+        guard = getattr(tls, "guard", None)
+        if guard is None:
+            guard = tls.guard = self.device_guard()
+        guard.__enter__()
+        tls.token = self.backend.enter_run(self.run_allocator())
 
     def on_run_end(self, run_options: Any, sync_stream: bool) -> None:
-        token = getattr(self._run_tokens, "token", None)
-        if token is not None:
-            self._run_tokens.token = None
-            self.backend.exit_run(token)
+        tls = self._run_tokens
+        token = getattr(tls, "token", None)
+        try:
+            if token is not None:
+                tls.token = None
+                self.backend.exit_run(token)
+        finally:
+            guard = getattr(tls, "guard", None)
+            if guard is not None:
+                guard.__exit__(None, None, None)
 
     # graph capture (onnxruntime's CUDA graph protocol; the host's runner drives it) ----------
     def is_graph_capture_enabled(self) -> bool:
@@ -226,10 +250,12 @@ class CudaEp(Ep):
         return "ALLOW_CPU_FOR_SHAPES"
 
     def begin_graph_capture(self, stream: Any) -> None:
-        stream.begin_capture()
+        with self.device_guard():
+            stream.begin_capture()
 
     def end_graph_capture(self, stream: Any, graph_id: int) -> None:
-        exe = stream.end_capture()
+        with self.device_guard():
+            exe = stream.end_capture()
         with self._lock:
             if graph_id in self._graphs:
                 self._destroy(exe)
@@ -252,7 +278,8 @@ class CudaEp(Ep):
             raise InvalidArgument(
                 f"CUDA graph replay error: graph not found for id {graph_annotation_id}"
             ) from None
-        err = self.backend.launch_graph(exe, stream.handle)
+        with self.device_guard():
+            err = self.backend.launch_graph(exe, stream.handle)
         if err:
             raise EPFail(f"CUDA graph launch error: {err}")
 
@@ -265,7 +292,41 @@ class CudaEp(Ep):
     def _destroy(self, exe: Any) -> None:
         from .runtime import cudart
 
-        cudart().cudaGraphExecDestroy(exe)
+        with self.device_guard():
+            cudart().cudaGraphExecDestroy(exe)
+
+    def device_objects(self) -> list[tuple[str, int, Any]]:
+        """Every device-scoped object this provider made or uses so far, as (kind, ordinal,
+        object): its array backend, allocators, streams with their cuBLASLt/cuDNN handles,
+        captured graphs, GEMM and cuDNN engines (plan caches, tuning cache). Each must be of
+        this provider's device (a diagnostic; the multi-device tests read it). Compiled kernel
+        functions are the process's, per device: ``kernels._fused.function_devices``."""
+        from . import blas, dnn
+
+        out: list[tuple[str, int, Any]] = [("backend", self.backend.ordinal, self.backend)]
+        for alloc in (self._external, self._shared):
+            if alloc is not None:
+                out.append(("allocator", alloc.memory_info.device.id, alloc))
+        with self._lock:
+            streams = list(self._streams) + ([self._unified] if self._unified else [])
+            graphs = list(self._graphs.values())
+        for st in streams:
+            o = getattr(st, "ordinal", st.device.id)
+            out.append(("stream", o, st))
+            for kind in ("cublaslt", "cudnn"):
+                handle = getattr(st, "_" + kind, None)
+                if handle is not None:
+                    out.append((kind, o, handle))
+        for exe, st in graphs:
+            out.append(("cuda graph", getattr(st, "ordinal", st.device.id), exe))
+        o = self.options
+        gemm = blas._engines.get((self.ordinal, bool(o.use_tf32)))
+        if gemm is not None:
+            out.append(("gemm engine", gemm.ordinal, gemm))
+        for key, conv in list(dnn._engines.items()):
+            if key[0] == self.ordinal:
+                out.append(("cudnn engine", conv.ordinal, conv))
+        return out
 
     def get_provider_options(self) -> dict[str, str]:
         out = self.options.as_strings()
@@ -273,6 +334,10 @@ class CudaEp(Ep):
         return out
 
     def release(self) -> None:
+        with self.device_guard():
+            self._release()
+
+    def _release(self) -> None:
         with self._lock:
             graphs, self._graphs = list(self._graphs.values()), {}
         for exe, _ in graphs:

@@ -133,10 +133,17 @@ class CudaEpFactory(EpFactory):
 
         return CudaEventTimer(ep.ordinal)
 
-    def synchronize(self, ordinal: int) -> None:
-        from .runtime import DeviceGuard, check, cudart
+    def device_guard(self, ordinal: int) -> Any:
+        """A context manager making device ``ordinal`` current for a block (the simulation's
+        moves a simulated current device)."""
+        from .runtime import DeviceGuard
 
-        with DeviceGuard(ordinal):
+        return DeviceGuard(ordinal)
+
+    def synchronize(self, ordinal: int) -> None:
+        from .runtime import check, cudart
+
+        with self.device_guard(ordinal):
             check(cudart().cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
     # allocators and transfers -------------------------------------------------------------------

@@ -240,7 +240,9 @@ class RawElementwise:
             return _NOOP  # type: ignore[return-value]
         flat = len(dims) == 1
         wide = n >= 2**31 or any(abs(s) * d >= 2**31 for row in st for s, d in zip(row, dims))
-        key = (tuple(sorted(types.items())), len(arrays), flat, wide)
+        # a compiled function belongs to the device current when it was loaded (the run's)
+        device = xp.cuda.runtime.getDevice()
+        key = (tuple(sorted(types.items())), len(arrays), flat, wide, device)
         try:
             fn = self._function(xp, key, types, [k for k, _ in scalars])
         except Exception:  # the operation does not compile for these types here

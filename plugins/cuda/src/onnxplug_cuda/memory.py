@@ -223,7 +223,11 @@ class CudaMempoolAllocator(Allocator):
             del self._live[ptr]
             self._stats["InUse"] -= rec[0]
             destroy = self._closed and not self._live
-        cudart().cudaFreeAsync(ptr, rec[1])
+        if rec[1] == 0:  # ordered on the legacy default stream: the pool's device's
+            with DeviceGuard(self.ordinal):
+                cudart().cudaFreeAsync(ptr, 0)
+        else:
+            cudart().cudaFreeAsync(ptr, rec[1])
         if destroy:
             self._destroy()
 

@@ -113,7 +113,9 @@ def probe_devices() -> tuple[list[CudaDeviceInfo], str | None]:
 
 
 class DeviceGuard:
-    """Switch the current device for a block and restore the caller's afterwards."""
+    """Switch the current device for a block and restore the caller's afterwards (what
+    onnxruntime's CUDA plugin EP does at every entry point that touches CUDA). Reusable:
+    each ``__enter__`` remembers the device it found."""
 
     __slots__ = ("ordinal", "prev")
 
@@ -130,3 +132,45 @@ class DeviceGuard:
     def __exit__(self, *exc: Any) -> None:
         if self.prev != self.ordinal and self.prev >= 0:
             cudart().cudaSetDevice(self.prev)
+
+
+# How copies between two devices go, per (source, destination) ordinal: PEER when either
+# device could be given access to the other's memory (cudaDeviceCanAccessPeer), HOST when
+# neither can (cudaMemcpyPeerAsync then stages the copy through host memory in the driver).
+PEER = "peer"
+HOST = "host"
+_peer_lock = threading.Lock()
+_peer_routes: dict[tuple[int, int], str] = {}
+
+
+def peer_route(src: int, dst: int) -> str:
+    """How a copy from device ``src`` to device ``dst`` goes (``PEER`` or ``HOST``). The first
+    time a pair is asked for, peer access is enabled in each direction the hardware allows
+    (once per process, as it stays enabled); a driver that says "already enabled" (someone
+    else, PyTorch say, enabled it) counts as enabled."""
+    key = (src, dst) if src <= dst else (dst, src)
+    route = _peer_routes.get(key)
+    if route is not None:
+        return route
+    with _peer_lock:
+        route = _peer_routes.get(key)
+        if route is None:
+            a, b = key
+            enabled = [_enable_peer(a, b), _enable_peer(b, a)]
+            route = _peer_routes[key] = PEER if any(enabled) else HOST
+    return route
+
+
+def _enable_peer(device: int, peer: int) -> bool:
+    """Give ``device`` access to ``peer``'s memory if the hardware allows it."""
+    rt = cudart()
+    can = check(rt.cudaDeviceCanAccessPeer(device, peer), "cudaDeviceCanAccessPeer")
+    if not can:
+        return False
+    with DeviceGuard(device):
+        err = rt.cudaDeviceEnablePeerAccess(peer, 0)[0]
+    if err == rt.cudaError_t.cudaErrorPeerAccessAlreadyEnabled:
+        rt.cudaGetLastError()  # not an error for us: clear it so later calls do not see it
+        return True
+    check((err,), f"cudaDeviceEnablePeerAccess({device} -> {peer})")
+    return True

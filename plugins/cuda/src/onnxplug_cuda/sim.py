@@ -9,6 +9,7 @@ real ones. It proves nothing about CUDA itself: the GPU tests do that.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,44 @@ from .runtime import CudaDeviceInfo
 
 SIM_NAME = "CUDASimExecutionProvider"
 SIM_TYPE = "cudasim"
+
+_current = threading.local()
+
+
+def current_device() -> int:
+    """This thread's simulated current device (0 until a guard moves it, as in CUDA)."""
+    return getattr(_current, "ordinal", 0)
+
+
+class SimDeviceGuard:
+    """``runtime.DeviceGuard`` for the simulated devices: it moves this thread's simulated
+    current device, which the simulated kernels and streams check, so that a provider entry
+    that forgets to make its device current fails on two simulated devices as it would
+    misbehave on two GPUs."""
+
+    __slots__ = ("ordinal", "prev")
+
+    def __init__(self, ordinal: int):
+        self.ordinal = ordinal
+        self.prev = 0
+
+    def __enter__(self) -> None:
+        self.prev = current_device()
+        _current.ordinal = self.ordinal
+
+    def __exit__(self, *exc: Any) -> None:
+        _current.ordinal = self.prev
+
+
+class WrongDevice(RuntimeError):
+    """Simulated device work done while another device was current."""
+
+
+def check_current(ordinal: int, what: str) -> None:
+    if current_device() != ordinal:
+        raise WrongDevice(
+            f"{what} of simulated device {ordinal} while device {current_device()} is current"
+        )
 
 
 class SimStream(ImmediateStream):
@@ -86,7 +125,7 @@ class NumpyBackend:
         )
 
     def activate(self, stream: Any) -> None:
-        pass
+        check_current(self.ordinal, "a kernel")
 
     def enter_run(self, allocator: Allocator) -> Any:
         return None
@@ -144,6 +183,7 @@ class CudaSimEpFactory(CudaEpFactory):
     def _new_stream(
         self, ep: Any, user_handle: int | None, on_close: Any, shared: bool
     ) -> SimStream:
+        check_current(ep.ordinal, "a stream")
         s = SimStream(ep.device, user_handle)
         s.frame_owned = not shared
         return s
@@ -163,6 +203,9 @@ class CudaSimEpFactory(CudaEpFactory):
     def create_device_timer(self, ep: Any) -> HostTimer:
         # the simulated streams run work when it is queued: the host clock is its time
         return HostTimer()
+
+    def device_guard(self, ordinal: int) -> SimDeviceGuard:
+        return SimDeviceGuard(ordinal)
 
     def synchronize(self, ordinal: int) -> None:
         pass

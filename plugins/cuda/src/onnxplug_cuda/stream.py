@@ -175,7 +175,9 @@ class CudaSyncStream(SyncStream):
         if self._cupy is None:
             import cupy
 
-            self._cupy = cupy.cuda.Stream.from_external(self)
+            # CuPy takes a foreign stream to be of the device current when it wraps it
+            with DeviceGuard(self.ordinal):
+                self._cupy = cupy.cuda.Stream.from_external(self)
         return self._cupy
 
     # protocol -------------------------------------------------------------------------------------
@@ -285,6 +287,10 @@ class CudaSyncStream(SyncStream):
         if self._on_close is not None:
             self._on_close(self._handle)
         super().close()  # drained: arenas untag the blocks they tagged with this stream
+        with DeviceGuard(self.ordinal):  # the handles go on the device they were made on
+            self._destroy_handles()
+
+    def _destroy_handles(self) -> None:
         if self._cublaslt is not None:
             from nvmath.bindings import cublasLt
 

@@ -4,25 +4,35 @@ Host-to-device copies go through a reusable pinned staging buffer, so ``cudaMemc
 truly asynchronous; the buffer is reused only after the event of its previous copy has
 completed. Device-to-host copies land in the pinned buffer and are copied out after the stream
 has reached them. Without a stream, copies complete before returning.
+
+Every copy runs with the device it works on current (the device side of a host copy, the
+stream's device, else the destination, of a device copy). A copy between two GPUs is a
+``cudaMemcpyPeerAsync``: peer-to-peer where the devices can reach each other's memory (peer
+access is enabled the first time), else staged through host memory by the driver
+(``runtime.peer_route``); ``CudaDataTransfer.routes`` counts the copies by route.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from onnxplug.ep import DataTransfer, Device, DeviceTensor, SyncStream, counters
 
-from .runtime import CudaError, check, cudart
+from .runtime import CudaError, DeviceGuard, check, cudart, peer_route
+
+SAME = "same"  # a copy within one device (the other routes: runtime.PEER, runtime.HOST)
 
 _STAGING_MIN = 1 << 20
 _DIRECT_BELOW = 1 << 16  # small host copies skip the staging buffer
 
 
 class _Staging:
-    """One growable pinned buffer with the event of its last use."""
+    """One growable pinned buffer with the event of its last use (an event of the device the
+    buffer's copies go to or come from: one buffer per thread and device)."""
 
     def __init__(self) -> None:
         self.ptr = 0
@@ -73,37 +83,82 @@ class CudaDataTransfer(DataTransfer):
     def __init__(self, device_type: str = "cuda"):
         self.device_type = device_type
         self._staging = threading.local()
+        # copies between GPU memory by route (SAME, runtime.PEER, runtime.HOST), outside the
+        # bound copies of a run's feeds and outputs within one device: what tests read
+        self.routes: Counter[str] = Counter()
 
     def can_copy(self, src: Device, dst: Device) -> bool:
         t = self.device_type
         return (src.type == t and dst.type in (t, "cpu")) or (src.type == "cpu" and dst.type == t)
 
-    def _stage(self) -> _Staging:
-        s = getattr(self._staging, "buf", None)
+    def _gpu(self, value: Any) -> int | None:
+        """The ordinal of a GPU tensor; None for host memory (numpy, or a pinned tensor)."""
+        if isinstance(value, DeviceTensor) and value.device.type == self.device_type:
+            return value.device.id
+        return None
+
+    def _ordinal(self, stream: SyncStream | None, *values: Any) -> int:
+        """The device a copy works on: its stream's, else the first GPU tensor's."""
+        if stream is not None:
+            ordinal = getattr(stream, "ordinal", None)
+            if ordinal is not None:
+                return int(ordinal)
+            if stream.device.type == self.device_type:
+                return stream.device.id
+        for v in values:
+            o = self._gpu(v)
+            if o is not None:
+                return o
+        return 0
+
+    def _stage(self, ordinal: int) -> _Staging:
+        bufs = getattr(self._staging, "bufs", None)
+        if bufs is None:
+            bufs = self._staging.bufs = {}
+        s = bufs.get(ordinal)
         if s is None:
-            s = self._staging.buf = _Staging()
+            s = bufs[ordinal] = _Staging()
         return s
 
     def copy_tensors(self, pairs: list[tuple[Any, Any]], stream: SyncStream | None) -> None:
         rt = cudart()
         h = stream.handle if stream is not None else 0
-        kind = rt.cudaMemcpyKind.cudaMemcpyDefault
         for src, dst in pairs:
             if isinstance(src, DeviceTensor) and isinstance(dst, DeviceTensor):
-                n = src.nbytes
-                if n and src.ptr != dst.ptr:
-                    check(rt.cudaMemcpyAsync(dst.ptr, src.ptr, n, kind, h), "cudaMemcpyAsync(D2D)")
-                if stream is None:
-                    counters.bump(counters.HOST_SYNCS)
-                    check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+                with DeviceGuard(self._ordinal(stream, dst, src)):
+                    self._d2d(src, dst, h)
+                    if stream is None:
+                        counters.bump(counters.HOST_SYNCS)
+                        check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
             elif isinstance(dst, DeviceTensor):
-                self._h2d(np.ascontiguousarray(src), dst, h)
+                ordinal = self._ordinal(stream, dst)
+                with DeviceGuard(ordinal):
+                    self._h2d(np.ascontiguousarray(src), dst, h, ordinal)
             else:
-                self._d2h(src, dst, h)
+                ordinal = self._ordinal(stream, src)
+                with DeviceGuard(ordinal):
+                    self._d2h(src, dst, h, ordinal)
+
+    def _d2d(self, src: DeviceTensor, dst: DeviceTensor, h: int) -> None:
+        n = src.nbytes
+        if not n:
+            return
+        rt = cudart()
+        a, b = self._gpu(src), self._gpu(dst)
+        if a is not None and b is not None and a != b:
+            self.routes[peer_route(a, b)] += 1
+            check(rt.cudaMemcpyPeerAsync(dst.ptr, b, src.ptr, a, n, h), "cudaMemcpyPeerAsync")
+            return
+        if a is not None and b is not None:
+            self.routes[SAME] += 1
+        if src.ptr != dst.ptr:
+            kind = rt.cudaMemcpyKind.cudaMemcpyDefault
+            check(rt.cudaMemcpyAsync(dst.ptr, src.ptr, n, kind, h), "cudaMemcpyAsync(D2D)")
 
     def bind_copy(self, src: Any, dst: Any, stream: SyncStream) -> Any:
         """Between two tensors with fixed memory (device or pinned host), on a stream: one
-        ``cudaMemcpyAsync`` with its arguments resolved once."""
+        ``cudaMemcpyAsync`` (``cudaMemcpyPeerAsync`` between two GPUs) with its arguments
+        resolved once. It is called inside a run, whose device the run made current."""
         if not (isinstance(src, DeviceTensor) and isinstance(dst, DeviceTensor)):
             return None
         n = src.nbytes
@@ -112,6 +167,9 @@ class CudaDataTransfer(DataTransfer):
         if n == 0:
             return lambda: None
         rt = cudart()
+        a, b = self._gpu(src), self._gpu(dst)
+        if a is not None and b is not None and a != b:
+            return self._bind_peer(src, dst, a, b, stream)
         args = (dst.ptr, src.ptr, n, rt.cudaMemcpyKind.cudaMemcpyDefault, stream.handle)
         fast = _cupy_memcpy_async()
         if fast is not None:
@@ -135,7 +193,25 @@ class CudaDataTransfer(DataTransfer):
 
         return copy
 
-    def _h2d(self, src: np.ndarray, dst: DeviceTensor, h: int) -> None:
+    def _bind_peer(
+        self, src: DeviceTensor, dst: DeviceTensor, a: int, b: int, stream: SyncStream
+    ) -> Any:
+        rt = cudart()
+        with DeviceGuard(self._ordinal(stream, dst)):
+            route = peer_route(a, b)
+        memcpy = rt.cudaMemcpyPeerAsync
+        args = (dst.ptr, b, src.ptr, a, src.nbytes, stream.handle)
+        routes = self.routes
+
+        def copy() -> None:
+            err = memcpy(*args)[0]
+            if int(err):
+                check((err,), "cudaMemcpyPeerAsync")
+            routes[route] += 1
+
+        return copy
+
+    def _h2d(self, src: np.ndarray, dst: DeviceTensor, h: int, ordinal: int) -> None:
         rt = cudart()
         n = src.nbytes
         if n == 0:
@@ -148,14 +224,14 @@ class CudaDataTransfer(DataTransfer):
                 counters.bump(counters.HOST_SYNCS)
                 check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
             return
-        st = self._stage()
+        st = self._stage(ordinal)
         with st.lock:
             st.ensure(n)
             np.copyto(st.view(n), src.reshape(-1).view(np.uint8))
             check(rt.cudaMemcpyAsync(dst.ptr, st.ptr, n, kind, h), "cudaMemcpyAsync(H2D)")
             check(rt.cudaEventRecord(st.event, h), "cudaEventRecord")
 
-    def _d2h(self, src: DeviceTensor, dst: np.ndarray, h: int) -> None:
+    def _d2h(self, src: DeviceTensor, dst: np.ndarray, h: int, ordinal: int) -> None:
         rt = cudart()
         n = src.nbytes
         if n == 0:
@@ -166,7 +242,7 @@ class CudaDataTransfer(DataTransfer):
             counters.bump(counters.HOST_SYNCS)
             check(rt.cudaStreamSynchronize(h), "cudaStreamSynchronize")
             return
-        st = self._stage()
+        st = self._stage(ordinal)
         with st.lock:
             st.ensure(n)
             check(rt.cudaMemcpyAsync(st.ptr, src.ptr, n, kind, h), "cudaMemcpyAsync(D2H)")

@@ -901,6 +901,14 @@ class _RowModule:
 ROWS = _RowModule()
 
 
+def function_devices() -> list[int]:
+    """The device of every compiled kernel function loaded so far (packed elementwise
+    launches and row kernels; CuPy keeps its own kernels per device): each is usable only on
+    its device, so they are cached per device."""
+    out = [k[-1] for e in Elementwise.registry if e._raw is not None for k in e._raw._functions]
+    return out + [k[-1] for k in ROWS._functions]
+
+
 def block_size(cols: int) -> int:
     """Threads per row block: up to ~4 elements per thread, a multiple of 32, at most 512."""
     b = 32
