@@ -720,6 +720,8 @@ CONTRIB_CASES = {
     "bias_gelu": ("BiasGelu", MS, {"x": (2, 3, 16), "b": (16,)}, ["y"], {}),
     "fast_gelu": ("FastGelu", MS, {"x": (2, 3, 16)}, ["y"], {}),
     "fast_gelu_bias": ("FastGelu", MS, {"x": (2, 3, 16), "b": (16,)}, ["y"], {}),
+    "quick_gelu": ("QuickGelu", MS, {"x": (2, 3, 16)}, ["y"], {}),
+    "quick_gelu_alpha": ("QuickGelu", MS, {"x": (4, 16)}, ["y"], {"alpha": -0.75}),
     "skip_ln": (
         "SkipLayerNormalization",
         MS,

@@ -1,11 +1,11 @@
 """The fused transformer ops on the CUDA provider (com.microsoft Gelu, BiasGelu, FastGelu,
-SkipLayerNormalization; ai.onnxplug MatMulBias), compared with the CPU provider's kernels, and
+QuickGelu, SkipLayerNormalization; ai.onnxplug MatMulBias), compared with the CPU provider's kernels, and
 fused BERT/GPT-2-like graphs on [CUDA, CPU] compared with the unfused graph on the CPU.
 
 Every one-op test builds a model with one node named "n", runs it with providers [CUDA, CPU]
 and with CPU alone, and checks that "n" ran on CUDAExecutionProvider. Tolerances (``atol``
 is relative to the largest reference value, ``scale``):
-* Gelu/BiasGelu/FastGelu float32: rtol 1e-5, atol 1e-6 * scale. Both sides compute the formula
+* Gelu/BiasGelu/FastGelu/QuickGelu float32: rtol 1e-5, atol 1e-6 * scale. Both sides compute the formula
   in float32 (erff/tanhf against numpy's tanh and a float32 erf with relative error ~4e-7);
   1 + erf(x) cancels for negative x on both sides alike.
 * float16: rtol 2e-3, atol 1e-3 * scale (both compute in float32 and round once: at most one
@@ -132,6 +132,24 @@ def test_fast_gelu_float64_stays_on_cpu():
     got, ref, eps = run_cuda_and_cpu(_model("FastGelu", MS, feeds), feeds)
     assert eps["n"] == CPU
     np.testing.assert_array_equal(got[0], ref[0])
+
+
+@pytest.mark.parametrize("alpha", [None, 1.0, -0.5], ids=["default", "1", "neg"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_quick_gelu(dtype, alpha):
+    """x / (1 + exp(-alpha x)) in float32 (float64) on both sides, rounded once: expf's 2 ulp
+    against numpy's exp is inside the elementwise tolerance; the edges (+-inf, NaN, values
+    whose exp overflows to give -0) agree exactly."""
+    rng = np.random.default_rng(3)
+    x = _rand(rng, (3, 17, 40), dtype, 4.0)
+    edges = [np.inf, -np.inf, np.nan, -100.0, 100.0, 0.0, -0.0]
+    x.reshape(-1)[: len(edges)] = np.array(edges, np.float64).astype(dtype)
+    feeds = {"x": x}
+    attrs = {} if alpha is None else {"alpha": alpha}
+    got, ref = _run(_model("QuickGelu", MS, feeds, **attrs), feeds)
+    g64, r64 = got[0].astype(np.float64), ref[0].astype(np.float64)
+    np.testing.assert_array_equal(g64.reshape(-1)[: len(edges)], r64.reshape(-1)[: len(edges)])
+    _close(got[0], ref[0], *_elementwise_tol(dtype))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -452,6 +452,12 @@ UNARY_FLOAT: dict[str, tuple[str, Callable[..., Any], tuple[str, ...]]] = {
         lambda v: 0.5 * v * (1 + np.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * v**3))),
         (),
     ),
+    # com.microsoft QuickGelu, the CPU provider's formula (large negative v: v / inf = -0)
+    "QuickGelu": (
+        "v / (W(1) + exp(-(W(alpha) * v)))",
+        lambda v, alpha: v / (1 + np.exp(-(alpha * v))),
+        ("alpha",),
+    ),
     # Sign of a float: +-1, zeros and NaN unchanged (bfloat16 only; other dtypes use xp.sign)
     "Sign": (
         "v > W(0) ? W(1) : (v < W(0) ? W(-1) : v)",

@@ -9,6 +9,7 @@ provider's ``contrib`` kernels are the reference): one kernel launch per fused n
   output, and to ``input_skip_bias_sum`` when asked), then the mean and the variance in two
   passes over the row (no cancellation), then the affine step in place. ``skip`` of shape
   (..., S, H) repeating over the leading dims is read in place; other broadcasts are made dense.
+* ``com.microsoft`` ``QuickGelu`` (``alpha``): ``_fused``'s unary float kernel.
 * ``ai.onnxplug`` ``MatMulBias``: one cuBLASLt GEMM over ``A`` folded to (rows, K), with the
   BIAS, RELU_BIAS or GELU_BIAS epilogue. cuBLASLt's GELU epilogue is the tanh approximation
   (FastGelu) and it has no erf GELU epilogue, so ``activation="Gelu"`` is the BIAS epilogue and
@@ -32,6 +33,7 @@ from .. import blas
 from ..launch import bound_calls, function_launch
 from . import _fused as F
 from ._base import BF16, CudaKernel
+from .elementwise import FloatUnary
 
 MS = "com.microsoft"
 PLUG = "ai.onnxplug"
@@ -157,6 +159,14 @@ class BiasGelu(_GeluBase):
 
 class FastGelu(_GeluBase):
     plain, with_bias = FAST_GELU, FAST_GELU_BIAS
+
+
+class QuickGelu(FloatUnary):
+    """``x * sigmoid(alpha * x)`` (``alpha`` 1.702): ``_fused``'s unary kernel of the CPU
+    provider's formula ``x / (1 + exp(-alpha * x))``."""
+
+    op = "QuickGelu"
+    defaults = (1.702,)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,3 +425,4 @@ def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
         SkipLayerNormalization
     )
     reg.kernel("MatMulBias", domain=PLUG, since=1, types=by_index(GELU_TYPES, 3))(MatMulBias)
+    reg.kernel("QuickGelu", domain=MS, since=1, types=by_index(GELU_TYPES, 1))(QuickGelu)

@@ -172,13 +172,14 @@ class MatMulBias(Kernel):
 class QuickGelu(Kernel):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
-        self.alpha = float(info.attr("alpha", 1.702))
+        # a float attribute: onnxruntime's default is the float 1.702f, not the double
+        self.alpha = float(info.attr("alpha", np.float32(1.702)))
 
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
         w = wide(x)
         with np.errstate(over="ignore"):
-            y = w / (1 + np.exp(-self.alpha * w))
+            y = w / (1 + np.exp(-(self.alpha * w)))
         ctx.set_output(0, y.astype(x.dtype, copy=False))
 
 
