@@ -722,6 +722,15 @@ CONTRIB_CASES = {
     "fast_gelu_bias": ("FastGelu", MS, {"x": (2, 3, 16), "b": (16,)}, ["y"], {}),
     "quick_gelu": ("QuickGelu", MS, {"x": (2, 3, 16)}, ["y"], {}),
     "quick_gelu_alpha": ("QuickGelu", MS, {"x": (4, 16)}, ["y"], {"alpha": -0.75}),
+    "bias_softmax": ("BiasSoftmax", MS, {"x": (2, 3, 4, 5), "b": (2, 1, 4, 5)}, ["y"], {}),
+    "bias_softmax_last": (
+        "BiasSoftmax",
+        MS,
+        {"x": (2, 3, 4, 8), "b": (4, 8)},
+        ["y"],
+        {"axis": -1},
+    ),
+    "bias_softmax_axis2": ("BiasSoftmax", MS, {"x": (2, 3, 4, 5), "b": (5,)}, ["y"], {"axis": 2}),
     "skip_ln": (
         "SkipLayerNormalization",
         MS,
@@ -774,11 +783,16 @@ def test_contrib_kernels_on_sim_match_cpu(case, dtype, sim):
     claimed = not (op == "FastGelu" and dt == np.float64)  # FastGelu has no float64
     assert providers_of(on_sim, op) == {SIM if claimed else CPU}
     ulp = {np.dtype(np.float16): 2**-10, BF16: 2**-7}.get(dt, 1e-5)
-    for name, got, want in zip(
-        [o for o in outputs if o], on_sim.run(None, feeds), on_cpu.run(None, feeds)
-    ):
-        assert got.dtype == want.dtype and got.shape == want.shape, name
-        scale = max(1.0, float(np.abs(want.astype(np.float64)).max()))
-        np.testing.assert_allclose(
-            got.astype(np.float64), want.astype(np.float64), rtol=2 * ulp, atol=ulp * scale
-        )
+    # the recording run, the run that binds the prepared calls, a run through them (new values)
+    other = {
+        k: np.ascontiguousarray(v.reshape(-1)[::-1].reshape(v.shape)) for k, v in feeds.items()
+    }
+    for run_feeds in (feeds, other, feeds, other):
+        for name, got, want in zip(
+            [o for o in outputs if o], on_sim.run(None, run_feeds), on_cpu.run(None, run_feeds)
+        ):
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            scale = max(1.0, float(np.abs(want.astype(np.float64)).max()))
+            np.testing.assert_allclose(
+                got.astype(np.float64), want.astype(np.float64), rtol=2 * ulp, atol=ulp * scale
+            )

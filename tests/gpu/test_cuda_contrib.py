@@ -1,5 +1,5 @@
 """The fused transformer ops on the CUDA provider (com.microsoft Gelu, BiasGelu, FastGelu,
-QuickGelu, SkipLayerNormalization; ai.onnxplug MatMulBias), compared with the CPU provider's kernels, and
+QuickGelu, BiasSoftmax, SkipLayerNormalization; ai.onnxplug MatMulBias), compared with the CPU provider's kernels, and
 fused BERT/GPT-2-like graphs on [CUDA, CPU] compared with the unfused graph on the CPU.
 
 Every one-op test builds a model with one node named "n", runs it with providers [CUDA, CPU]
@@ -150,6 +150,33 @@ def test_quick_gelu(dtype, alpha):
     g64, r64 = got[0].astype(np.float64), ref[0].astype(np.float64)
     np.testing.assert_array_equal(g64.reshape(-1)[: len(edges)], r64.reshape(-1)[: len(edges)])
     _close(got[0], ref[0], *_elementwise_tol(dtype))
+
+
+BIAS_SOFTMAX_CASES = {
+    # name: (data shape, bias shape, axis)
+    "bert_mask": ((2, 12, 33, 33), (2, 1, 33, 33), 3),
+    "last_neg": ((2, 4, 7, 300), (7, 300), -1),
+    "from_axis1": ((3, 5, 2, 40), (5, 2, 40), 1),  # softmax over 5 * 2 * 40 values
+    "wide_row": ((2, 5000), (2, 5000), 1),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", sorted(BIAS_SOFTMAX_CASES))
+def test_bias_softmax(case, dtype):
+    """Both sides add in float32 (float64) and run the softmax there, rounding once; the sums
+    differ in order (block reduction against numpy's pairwise sum): float32 rtol 1e-5 and atol
+    1e-6, 16-bit types one ulp. Part of the bias is -inf (a mask), one row entirely."""
+    xs, bs, axis = BIAS_SOFTMAX_CASES[case]
+    rng = np.random.default_rng(5)
+    bias = _rand(rng, bs, np.float64, 2.0)
+    bias.reshape(-1)[::7] = -np.inf
+    bias.reshape(-1)[: bs[-1]] = -np.inf  # a whole masked row: NaN on both sides
+    feeds = {"x": _rand(rng, xs, dtype, 3.0), "b": bias.astype(dtype)}
+    got, ref = _run(_model("BiasSoftmax", MS, feeds, axis=axis), feeds)
+    rtol, atol = (1e-5, 1e-6) if np.dtype(dtype) == np.float32 else _elementwise_tol(dtype)
+    assert np.array_equal(np.isnan(got[0].astype(np.float64)), np.isnan(ref[0].astype(np.float64)))
+    _close(got[0], ref[0], rtol, atol)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ provider's ``contrib`` kernels are the reference): one kernel launch per fused n
   passes over the row (no cancellation), then the affine step in place. ``skip`` of shape
   (..., S, H) repeating over the leading dims is read in place; other broadcasts are made dense.
 * ``com.microsoft`` ``QuickGelu`` (``alpha``): ``_fused``'s unary float kernel.
+* ``com.microsoft`` ``BiasSoftmax(data, bias)`` (``axis``): the sum in float32 (float64), then
+  ``_fused``'s softmax row kernel over the dims from ``axis`` on, then one rounding.
 * ``ai.onnxplug`` ``MatMulBias``: one cuBLASLt GEMM over ``A`` folded to (rows, K), with the
   BIAS, RELU_BIAS or GELU_BIAS epilogue. cuBLASLt's GELU epilogue is the tanh approximation
   (FastGelu) and it has no erf GELU epilogue, so ``activation="Gelu"`` is the BIAS epilogue and
@@ -356,6 +358,91 @@ class SkipLayerNormalization(_Typed):
 
 
 # ---------------------------------------------------------------------------------------------
+# BiasSoftmax: the sum in the compute type, then ``_fused``'s softmax row kernel
+
+
+def _add_wide_np(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> None:
+    np.copyto(s, F.widen(x) + F.widen(b), casting="unsafe")
+
+
+# s = x + b in the compute type (float32; float64 for float64), broadcast by the kernel
+ADD_WIDE = F.Elementwise("T x, T b", "W s", "s = W(x) + W(b);", "oxc_add_wide", _add_wide_np)
+ADD_WIDE_BF16 = F.Elementwise(
+    "uint16 x, uint16 b",
+    "float32 s",
+    "s = ox_bf16_ld(x) + ox_bf16_ld(b);",
+    "oxc_add_wide_bf16",
+    _add_wide_np,
+    F.BF16_PRE,
+)
+
+
+class BiasSoftmax(_Typed):
+    """Softmax of ``data + bias`` (broadcast) over all the dims from ``axis`` on, as the CPU
+    provider computes it: the sum and the softmax in float32 (float64 for float64) and one
+    rounding at the end. float32/float64 sum into the output and normalize it in place;
+    float16/bfloat16 go through a float32 buffer (the frame's workspace when prepared) and a
+    conversion: three launches."""
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        a, b = graph.input_dtypes(node)[:2]
+        return a is None or b is None or a == b
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", 1))
+
+    def _calls(self, ctx: KernelContext, prepared: bool) -> list[Any] | None:
+        xp = self.xp
+        x, b = self.arg(ctx, 0), self.arg(ctx, 1)
+        dt = self.dtype_of(ctx)
+        shape = shapes.broadcast_shapes(x.shape, b.shape)
+        rank = len(shape)
+        if not -rank <= self.axis < rank:
+            raise ValueError(
+                f"BiasSoftmax node '{self.info.name}': axis {self.axis} is out of range for "
+                f"rank {rank}"
+            )
+        axis = self.axis + rank if self.axis < 0 else self.axis
+        y = self.alloc(ctx, 0, shape, dt)
+        if y.size == 0:
+            return []
+        bf16 = self.is_bf16(ctx)
+        wide = np.dtype(np.float64 if dt == np.float64 else np.float32)
+        if wide == dt:
+            s = y
+        elif prepared:
+            s = self.be.array_at(ctx.workspace(y.size * wide.itemsize), shape, wide, ctx)
+        else:
+            s = xp.empty(shape, wide)
+        outer, n = shapes.size_of(shape[:axis]), shapes.size_of(shape[axis:])
+        key = F.storage_key(wide)
+        stream = self.stream_handle(ctx) if prepared else None
+        add = ADD_WIDE_BF16 if bf16 else ADD_WIDE
+        if prepared:
+            calls = [add.bind(xp, x, b, s, stream=stream or 0)]
+        else:
+            calls = [lambda: add(xp, x, b, s)]
+        calls.append(F.softmax_call(xp, s, s, outer, n, 1, key, False, stream))
+        if s is not y:
+            back = F.F32_TO_BF16 if bf16 else F.CAST
+            if prepared:
+                calls.append(back.bind(xp, s, y, stream=stream or 0))
+            else:
+                calls.append(lambda: back(xp, s, y))
+        return None if any(c is None for c in calls) else calls
+
+    def compute(self, ctx: KernelContext) -> None:
+        for call in self._calls(ctx, prepared=False) or []:
+            call()
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        calls = self._calls(ctx, prepared=True)
+        return None if calls is None else bound_calls(calls)
+
+
+# ---------------------------------------------------------------------------------------------
 # MatMulBias: one GEMM with an epilogue
 
 # activation -> (cuBLASLt epilogue with the bias, whether the erf Gelu kernel follows)
@@ -426,3 +513,4 @@ def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
     )
     reg.kernel("MatMulBias", domain=PLUG, since=1, types=by_index(GELU_TYPES, 3))(MatMulBias)
     reg.kernel("QuickGelu", domain=MS, since=1, types=by_index(GELU_TYPES, 1))(QuickGelu)
+    reg.kernel("BiasSoftmax", domain=MS, since=1, types=by_index(GELU_TYPES, 2))(BiasSoftmax)
