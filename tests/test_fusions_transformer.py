@@ -796,3 +796,95 @@ def test_contrib_kernels_on_sim_match_cpu(case, dtype, sim):
             np.testing.assert_allclose(
                 got.astype(np.float64), want.astype(np.float64), rtol=2 * ulp, atol=ulp * scale
             )
+
+
+# name: (segments, mask, position ids: None | "seq" | "batch", outputs)
+EMBED_CASES = {
+    "bert": (True, True, None, ["y", "mask_index", "sum"]),
+    "no_segment": (False, True, None, ["y", "mask_index"]),
+    "no_mask_pos_ids": (True, False, "seq", ["y", "mask_index", "sum"]),
+    "batched_pos_ids": (False, False, "batch", ["y", "", "sum"]),
+    "output_only": (True, True, "seq", ["y"]),
+}
+
+
+def embed_model(dtype, segments: bool, mask: bool, pos: str | None, outputs) -> tuple:
+    """One EmbedLayerNormalization node "n" (batch 2, sequence 5, hidden 16) and its feeds;
+    the tables and gamma/beta are graph inputs too."""
+    batch, seq, hidden, vocab = 2, 5, 16, 11
+    dt = np.dtype(dtype)
+    feeds: dict[str, np.ndarray | None] = {
+        "ids": RNG.integers(0, vocab, (batch, seq)).astype(np.int32),
+        "seg_ids": RNG.integers(0, 2, (batch, seq)).astype(np.int32) if segments else None,
+        "word": _x((vocab, hidden), dt, 1.0),
+        "pos": _x((seq + 3, hidden), dt, 1.0),
+        "seg": _x((2, hidden), dt, 1.0) if segments else None,
+        "gamma": (RNG.random(hidden) + 0.5).astype(dt),
+        "beta": _x((hidden,), dt, 1.0),
+        "mask": (RNG.random((batch, seq)) > 0.3).astype(np.int32) if mask else None,
+        "pos_ids": None,
+    }
+    if pos == "seq":
+        feeds["pos_ids"] = RNG.permutation(seq + 3)[:seq].astype(np.int32)
+    elif pos == "batch":
+        feeds["pos_ids"] = RNG.integers(0, seq + 3, (batch, seq)).astype(np.int32)
+    names = [k if v is not None else "" for k, v in feeds.items()]
+    while not names[-1]:
+        names.pop()
+    node = helper.make_node(
+        "EmbedLayerNormalization", names, outputs, name="n", domain=MS, epsilon=1e-5
+    )
+    present = {k: v for k, v in feeds.items() if v is not None}
+    inputs = [
+        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+        for k, v in present.items()
+    ]
+    graph = helper.make_graph(
+        [node], "g", inputs, [helper.make_empty_tensor_value_info(o) for o in outputs if o]
+    )
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    return helper.make_model(graph, opset_imports=imports).SerializeToString(), present
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, BF16, np.float64], ids=lambda d: np.dtype(d).name
+)
+@pytest.mark.parametrize("case", sorted(EMBED_CASES))
+def test_embed_layer_norm_on_sim_matches_cpu(case, dtype, sim):
+    """The CUDA kernel's host code, twins and launches (recording, binding and prepared runs,
+    with new ids) against the CPU kernel: the sums exactly, the normalized output within one
+    ulp of the type (float32: the statistics' summation order), mask_index exactly."""
+    model, feeds = embed_model(dtype, *EMBED_CASES[case])
+    outputs = [o for o in EMBED_CASES[case][3] if o]
+    on_sim = ox.InferenceSession(model, providers=[SIM, CPU])
+    on_cpu = ox.InferenceSession(model, providers=[CPU])
+    assert providers_of(on_sim, "EmbedLayerNormalization") == {SIM}
+    dt = np.dtype(dtype)
+    ulp = {np.dtype(np.float16): 2**-10, BF16: 2**-7}.get(dt, 1e-5)
+    other = {**feeds, "ids": np.ascontiguousarray(feeds["ids"][:, ::-1])}
+    for run_feeds in (feeds, other, feeds, other):
+        got, want = on_sim.run(None, run_feeds), on_cpu.run(None, run_feeds)
+        for name, g, w in zip(outputs, got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape, name
+            if name == "y":
+                np.testing.assert_allclose(
+                    g.astype(np.float64), w.astype(np.float64), rtol=2 * ulp, atol=2 * ulp
+                )
+            else:
+                np.testing.assert_array_equal(g, w)
+
+
+def test_embed_layer_norm_ids_out_of_range(sim):
+    """The CPU provider refuses an id out of range; the CUDA kernel (which cannot check on the
+    host without a synchronisation) gives that token a NaN row and leaves the others alone."""
+    model, feeds = embed_model(np.float32, True, True, None, ["y"])
+    bad = {**feeds, "ids": feeds["ids"].copy()}
+    bad["ids"][1, 2] = 11
+    with pytest.raises(Exception, match="input_ids must be in"):
+        ox.InferenceSession(model, providers=[CPU]).run(None, bad)
+    got = ox.InferenceSession(model, providers=[SIM, CPU]).run(None, bad)[0]
+    assert np.isnan(got[1, 2]).all()
+    ok = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)[0]  # other tokens alike
+    keep = np.ones(got.shape[:2], bool)
+    keep[1, 2] = False
+    np.testing.assert_allclose(got[keep], ok[keep], rtol=1e-5, atol=1e-5)

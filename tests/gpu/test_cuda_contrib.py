@@ -1,12 +1,14 @@
 """The fused transformer ops on the CUDA provider (com.microsoft Gelu, BiasGelu, FastGelu,
-QuickGelu, BiasSoftmax, SkipLayerNormalization; ai.onnxplug MatMulBias), compared with the CPU provider's kernels, and
-fused BERT/GPT-2-like graphs on [CUDA, CPU] compared with the unfused graph on the CPU.
+QuickGelu, BiasSoftmax, EmbedLayerNormalization, SkipLayerNormalization; ai.onnxplug
+MatMulBias), compared with the CPU provider's kernels, and fused BERT/GPT-2-like graphs on
+[CUDA, CPU] compared with the unfused graph on the CPU.
 
 Every one-op test builds a model with one node named "n", runs it with providers [CUDA, CPU]
 and with CPU alone, and checks that "n" ran on CUDAExecutionProvider. Tolerances (``atol``
 is relative to the largest reference value, ``scale``):
-* Gelu/BiasGelu/FastGelu/QuickGelu float32: rtol 1e-5, atol 1e-6 * scale. Both sides compute the formula
-  in float32 (erff/tanhf against numpy's tanh and a float32 erf with relative error ~4e-7);
+* Gelu/BiasGelu/FastGelu/QuickGelu float32: rtol 1e-5, atol 1e-6 * scale. Both sides compute
+  the formula in float32 (erff/tanhf against numpy's tanh and a float32 erf with relative error
+  ~4e-7);
   1 + erf(x) cancels for negative x on both sides alike.
 * float16: rtol 2e-3, atol 1e-3 * scale (both compute in float32 and round once: at most one
   float16 ulp apart, 2**-10 relative). bfloat16: rtol 1.6e-2, atol 8e-3 * scale (one ulp,
@@ -31,6 +33,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from tests.gpu._cuda import CPU, CUDA, assignment, cuda_marks, run_cuda_and_cpu
+from tests.test_fusions_transformer import EMBED_CASES, embed_model
 
 import onnxplug as ox
 
@@ -177,6 +180,23 @@ def test_bias_softmax(case, dtype):
     rtol, atol = (1e-5, 1e-6) if np.dtype(dtype) == np.float32 else _elementwise_tol(dtype)
     assert np.array_equal(np.isnan(got[0].astype(np.float64)), np.isnan(ref[0].astype(np.float64)))
     _close(got[0], ref[0], rtol, atol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", sorted(EMBED_CASES))
+def test_embed_layer_norm(case, dtype):
+    """The embedding sum (output embedding_sum) is exact: the same float32 (float64) additions
+    in the same order, rounded once; mask_index exact; the normalized output as
+    SkipLayerNormalization's (statistics summed in another order)."""
+    model, feeds = embed_model(dtype, *EMBED_CASES[case])
+    outputs = [o for o in EMBED_CASES[case][3] if o]
+    got, ref = _run(model, feeds)
+    for name, g, r in zip(outputs, got, ref):
+        if name == "y":
+            tol = (1e-5, 1e-5) if np.dtype(dtype) == np.float32 else _elementwise_tol(dtype)
+            _close(g, r, *tol)
+        else:
+            np.testing.assert_array_equal(g, r)
 
 
 # ---------------------------------------------------------------------------------------------

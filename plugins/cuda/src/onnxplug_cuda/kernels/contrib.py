@@ -10,6 +10,8 @@ provider's ``contrib`` kernels are the reference): one kernel launch per fused n
   passes over the row (no cancellation), then the affine step in place. ``skip`` of shape
   (..., S, H) repeating over the leading dims is read in place; other broadcasts are made dense.
 * ``com.microsoft`` ``QuickGelu`` (``alpha``): ``_fused``'s unary float kernel.
+* ``com.microsoft`` ``EmbedLayerNormalization``: a gather-sum row kernel (NaN rows for ids out
+  of range), then the LayerNormalization row kernel of ``_fused``; ``mask_index`` one launch.
 * ``com.microsoft`` ``BiasSoftmax(data, bias)`` (``axis``): the sum in float32 (float64), then
   ``_fused``'s softmax row kernel over the dims from ``axis`` on, then one rounding.
 * ``ai.onnxplug`` ``MatMulBias``: one cuBLASLt GEMM over ``A`` folded to (rows, K), with the
@@ -443,6 +445,282 @@ class BiasSoftmax(_Typed):
 
 
 # ---------------------------------------------------------------------------------------------
+# EmbedLayerNormalization: a gather-sum row kernel, then LayerNormalization's row kernel
+
+_EMBED_SRC = r"""
+// One block per token t = b * seq + j: s[t] = word[ids[t]] + pos[p] (+ seg[seg_ids[t]]) in W,
+// p = pos_ids[t] (batched position ids), pos_ids[j], or j. A token with an index out of range
+// gets a NaN row (the CPU provider raises for word and segment ids; nothing is read out of
+// bounds here, and checking on the host would synchronise every run).
+template <class Tr>
+__device__ void oxc_embed_sum(const int* __restrict__ ids, const int* __restrict__ seg_ids,
+                              const int* __restrict__ pos_ids, int pos_batched,
+                              const typename Tr::S* __restrict__ word,
+                              const typename Tr::S* __restrict__ pos,
+                              const typename Tr::S* __restrict__ seg, typename Tr::W* __restrict__ s,
+                              long long seq, long long hidden, long long vocab, long long npos,
+                              long long nseg) {
+  typedef typename Tr::W W;
+  const long long t = blockIdx.x;
+  const long long j = t % seq;
+  const long long id = ids[t];
+  const long long p = pos_ids ? (long long)pos_ids[pos_batched ? t : j] : j;
+  const bool with_seg = seg != 0 && seg_ids != 0;
+  const long long g = with_seg ? (long long)seg_ids[t] : 0;
+  const bool bad = id < 0 || id >= vocab || p < 0 || p >= npos || g < 0 || (with_seg && g >= nseg);
+  W* sr = s + t * hidden;
+  for (long long c = threadIdx.x; c < hidden; c += blockDim.x) {
+    if (bad) {
+      sr[c] = W(nan(""));
+      continue;
+    }
+    W v = Tr::ld(word[id * hidden + c]) + Tr::ld(pos[p * hidden + c]);
+    if (with_seg) v += Tr::ld(seg[g * hidden + c]);
+    sr[c] = v;
+  }
+}
+
+// mask_index: each batch row's count of mask values (their sum), 0 without a mask
+extern "C" __global__ void oxc_mask_count(const int* __restrict__ mask, int* __restrict__ out,
+                                          long long seq) {
+  __shared__ int sh[32];
+  const long long b = blockIdx.x;
+  int acc = 0;
+  if (mask)
+    for (long long c = threadIdx.x; c < seq; c += blockDim.x) acc += mask[b * seq + c];
+  acc = ox_block_sum(acc, sh);
+  if (threadIdx.x == 0) out[b] = acc;
+}
+"""
+
+_EMBED_ENTRY = r"""
+extern "C" __global__ void oxc_embed_sum_{k}(const int* ids, const int* seg_ids, const int* pos_ids,
+    int pos_batched, const {S}* word, const {S}* pos, const {S}* seg, {W}* s, long long seq,
+    long long hidden, long long vocab, long long npos, long long nseg) {{
+  oxc_embed_sum<{Tr}>(ids, seg_ids, pos_ids, pos_batched, word, pos, seg, s, seq, hidden, vocab,
+                      npos, nseg);
+}}
+"""
+_WIDE_C = {"f32": "float", "f64": "double", "f16": "float", "bf16": "float"}
+EMBED_ROWS = F._RowModule(
+    F.ROWS_SRC
+    + _EMBED_SRC
+    + "".join(
+        _EMBED_ENTRY.format(k=k, Tr=tr, S=c, W=_WIDE_C[k]) for k, (tr, c) in F.ROW_TYPES.items()
+    )
+)
+
+
+def _embed_sum_np(ids, seg_ids, pos_ids, pos_batched, word, pos, seg, s, *sizes: Any) -> None:
+    """The gather-sum kernel's twin (``sizes``: seq, hidden, vocab, npos, nseg as int64)."""
+    seq, hidden, vocab, npos, nseg = (int(v) for v in sizes)
+    tokens = ids.size
+    j = np.arange(tokens) % seq
+    idx = ids.reshape(-1).astype(np.int64)
+    if pos_ids is None:
+        p = j
+    else:
+        p = pos_ids.reshape(-1).astype(np.int64)[np.arange(tokens) if pos_batched else j]
+    with_seg = seg is not None and seg_ids is not None
+    g = seg_ids.reshape(-1).astype(np.int64) if with_seg else np.zeros(tokens, np.int64)
+    bad = (idx < 0) | (idx >= vocab) | (p < 0) | (p >= npos) | (g < 0)
+    if with_seg:
+        bad |= g >= nseg
+    ok = ~bad
+    out = s.reshape(tokens, hidden)
+    v = F.widen(word)[np.where(ok, idx, 0)] + F.widen(pos)[np.where(ok, p, 0)]
+    if with_seg:
+        v += F.widen(seg)[np.where(ok, g, 0)]
+    v[bad] = np.nan
+    np.copyto(out, v, casting="unsafe")
+
+
+def _mask_count_np(mask: Any, out: np.ndarray, seq: Any) -> None:
+    if mask is None:
+        out[...] = 0
+    else:
+        np.sum(mask.astype(np.int32), axis=1, dtype=np.int32, out=out)
+
+
+def _affine_np(s: np.ndarray, g: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
+    z = s * F.widen(g)
+    z += F.widen(b)
+    np.copyto(y, z, casting="unsafe")
+
+
+# y = s * gamma + beta from a float32 row-normalized buffer, rounded once to 16 bits (the two
+# IEEE steps of the CPU provider, no contraction into an FMA)
+AFFINE_16 = F.Elementwise(
+    "float32 s, T g, T b",
+    "T y",
+    "y = T(__fadd_rn(__fmul_rn(s, float(g)), float(b)));",
+    "oxc_affine16",
+    _affine_np,
+)
+AFFINE_BF16 = F.Elementwise(
+    "float32 s, uint16 g, uint16 b",
+    "uint16 y",
+    "y = ox_bf16_st(__fadd_rn(__fmul_rn(s, ox_bf16_ld(g)), ox_bf16_ld(b)));",
+    "oxc_affine_bf16",
+    _affine_np,
+    F.BF16_PRE,
+)
+
+
+class EmbedLayerNormalization(CudaKernel):
+    """com.microsoft EmbedLayerNormalization (int32 ids, segment ids, mask and position ids):
+    inputs input_ids, segment_ids?, word_embedding, position_embedding, segment_embedding?,
+    gamma, beta, mask?, position_ids?; outputs output, mask_index?, embedding_sum?.
+
+    The sum in float32 (float64 for float64) like the CPU provider, then LayerNormalization
+    over the hidden axis: float32/float64 sum into the output (or ``embedding_sum``) and
+    normalize with gamma and beta; float16/bfloat16 sum into a float32 buffer, normalize it in
+    place and apply gamma and beta while rounding once. ``mask_index`` is one more launch."""
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        ins = node.inputs
+        return len(ins) > 6 and bool(ins[6])  # beta given (the affine kernels take one)
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.eps = float(info.attr("epsilon", 1e-12))
+        self.where = f"EmbedLayerNormalization node '{info.name}'"
+        self._checked: set[tuple] = set()
+
+    def _check(self, ids, seg_ids, word, pos, seg, gamma, beta, mask, pos_ids) -> None:
+        key = tuple(None if v is None else v.shape for v in (ids, seg_ids, word, pos, seg))
+        key += tuple(None if v is None else v.shape for v in (gamma, beta, mask, pos_ids))
+        if key in self._checked:
+            return
+        if ids.ndim != 2:
+            raise ValueError(
+                f"{self.where}: input_ids must be [batch, sequence], got {list(ids.shape)}"
+            )
+        hidden = word.shape[-1] if word.ndim == 2 else -1
+        tables = (("word_embedding", word), ("position_embedding", pos), ("segment_embedding", seg))
+        for name, t in tables:
+            if t is not None and (t.ndim != 2 or t.shape[1] != hidden):
+                raise ValueError(
+                    f"{self.where}: {name} must be [rows, {hidden}], got {list(t.shape)}"
+                )
+        for name, v in (("gamma", gamma), ("beta", beta)):
+            if v.shape != (hidden,):
+                raise ValueError(
+                    f"{self.where}: {name} must have shape ({hidden},), got {list(v.shape)}"
+                )
+        for name, v in (("segment_ids", seg_ids), ("mask", mask)):
+            if v is not None and v.shape != ids.shape:
+                raise ValueError(
+                    f"{self.where}: {name} must have input_ids' shape {list(ids.shape)}"
+                )
+        batch, seq = ids.shape
+        if pos_ids is not None and pos_ids.shape not in ((seq,), (1, seq), (batch, seq)):
+            raise ValueError(
+                f"{self.where}: position_ids must be [{seq}], [1, {seq}] or [{batch}, {seq}], got "
+                f"{list(pos_ids.shape)}"
+            )
+        self._checked.add(key)
+
+    def _calls(self, ctx: KernelContext, prepared: bool) -> list[Any]:
+        xp = self.xp
+        ids, seg_ids, word, pos, seg, gamma, beta, mask, pos_ids = (
+            self.arg(ctx, i) for i in range(9)
+        )
+        self._check(ids, seg_ids, word, pos, seg, gamma, beta, mask, pos_ids)
+        batch, seq = ids.shape
+        hidden = word.shape[1]
+        dt = self.info.input_dtype(2)
+        if dt is None:
+            dt = ctx.input(2).dtype
+        y = self.alloc(ctx, 0, (batch, seq, hidden), dt)
+        counts = self.alloc(ctx, 1, (batch,), np.int32) if ctx.has_output(1) else None
+        total = self.alloc(ctx, 2, (batch, seq, hidden), dt) if ctx.has_output(2) else None
+        stream = self.stream_handle(ctx) if prepared else None
+        calls: list[Any] = []
+        if counts is not None and batch:
+            calls.append(
+                self._launch(
+                    "oxc_mask_count",
+                    (batch,),
+                    (F.block_size(seq),),
+                    (mask, counts, np.int64(seq)),
+                    stream,
+                    _mask_count_np,
+                )
+            )
+        tokens = batch * seq
+        if tokens == 0 or hidden == 0:
+            return calls
+        wide = np.dtype(np.float64 if dt == np.float64 else np.float32)
+        if wide == dt:
+            s = total if total is not None else y
+        elif prepared:
+            s = self.be.array_at(ctx.workspace(y.size * wide.itemsize), y.shape, wide, ctx)
+        else:
+            s = xp.empty(y.shape, wide)
+        key = F.storage_key(dt)
+        pos_batched = pos_ids is not None and pos_ids.ndim == 2 and pos_ids.shape[0] != 1
+        args = (
+            ids, seg_ids, pos_ids, np.int32(pos_batched), word, pos, seg, s,
+            np.int64(seq), np.int64(hidden), np.int64(word.shape[0]), np.int64(pos.shape[0]),
+            np.int64(0 if seg is None else seg.shape[0]),
+        )  # fmt: skip
+        calls.append(
+            self._launch(
+                "oxc_embed_sum_" + key,
+                (tokens,),
+                (F.block_size(hidden),),
+                args,
+                stream,
+                _embed_sum_np,
+            )
+        )
+        s2 = s.reshape(tokens, hidden)
+        if wide == dt:
+            y2 = y.reshape(tokens, hidden)
+            calls.append(
+                F.rownorm(
+                    xp, s2, y2, tokens, hidden, self.eps, key, gamma, beta, mode=1, stream=stream
+                )
+            )
+            return calls
+        bf16 = dt.name == "bfloat16"
+        if total is not None:
+            back = F.F32_TO_BF16 if bf16 else F.CAST
+            calls.append(self._elementwise(back, (s, total), stream))
+        calls.append(F.rownorm(xp, s2, s2, tokens, hidden, self.eps, "f32", stream=stream))
+        affine = AFFINE_BF16 if bf16 else AFFINE_16
+        calls.append(self._elementwise(affine, (s, gamma, beta, y), stream))
+        return calls
+
+    def _launch(
+        self, name: str, grid: tuple, block: tuple, args: tuple, stream: Any, twin: Any
+    ) -> Any:
+        xp = self.xp
+        if xp is np:
+            return lambda: twin(*args)
+        fn = EMBED_ROWS.function(xp, name)
+        null = tuple(_NULL if a is None else a for a in args)
+        if stream is None:
+            return lambda: fn(grid, block, null)
+        return function_launch(fn, grid, block, args, stream)
+
+    def _elementwise(self, kernel: Any, args: tuple, stream: Any) -> Any:
+        if stream is None:
+            return lambda: kernel(self.xp, *args)
+        return kernel.bind(self.xp, *args, stream=stream)
+
+    def compute(self, ctx: KernelContext) -> None:
+        for call in self._calls(ctx, prepared=False):
+            call()
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        calls = self._calls(ctx, prepared=True)
+        return None if any(c is None for c in calls) else bound_calls(calls)
+
+
+# ---------------------------------------------------------------------------------------------
 # MatMulBias: one GEMM with an epilogue
 
 # activation -> (cuBLASLt epilogue with the bias, whether the erf Gelu kernel follows)
@@ -514,3 +792,8 @@ def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
     reg.kernel("MatMulBias", domain=PLUG, since=1, types=by_index(GELU_TYPES, 3))(MatMulBias)
     reg.kernel("QuickGelu", domain=MS, since=1, types=by_index(GELU_TYPES, 1))(QuickGelu)
     reg.kernel("BiasSoftmax", domain=MS, since=1, types=by_index(GELU_TYPES, 2))(BiasSoftmax)
+    i32 = dtypes("int32")
+    embed_types = {0: i32, 1: i32, 7: i32, 8: i32, **{i: GELU_TYPES for i in range(2, 7)}}
+    reg.kernel("EmbedLayerNormalization", domain=MS, since=1, types=embed_types)(
+        EmbedLayerNormalization
+    )
