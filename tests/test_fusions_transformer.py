@@ -888,3 +888,84 @@ def test_embed_layer_norm_ids_out_of_range(sim):
     keep = np.ones(got.shape[:2], bool)
     keep[1, 2] = False
     np.testing.assert_allclose(got[keep], ok[keep], rtol=1e-5, atol=1e-5)
+
+
+# name: (bits, block_size, K, zero points: None | "packed" | "float", g_idx, bias)
+NBITS_CASES = {
+    "int4_packed_zp": (4, 32, 64, "packed", False, False),
+    "int4_default_zp_bias": (4, 16, 64, None, False, True),
+    "int4_partial_block": (4, 32, 72, "packed", False, True),
+    "int8_float_zp": (8, 32, 64, "float", False, False),
+    "int3_partial_block": (3, 16, 40, "packed", False, False),
+    "int2": (2, 64, 64, None, False, True),
+    "int5_act_order": (5, 16, 48, "packed", True, False),
+}
+
+
+def _pack_bits(values: np.ndarray, bits: int, nbytes: int) -> np.ndarray:
+    """[rows, count] values as [rows, nbytes] uint8, ``bits`` bits each, low bits first."""
+    planes = ((values[..., None] >> np.arange(bits)) & 1).astype(np.uint8)
+    packed = np.packbits(planes.reshape(values.shape[0], -1), axis=-1, bitorder="little")
+    out = np.zeros((values.shape[0], nbytes), np.uint8)
+    out[:, : min(nbytes, packed.shape[1])] = packed[:, :nbytes]
+    return out
+
+
+def nbits_model(dtype, bits, block, k, zero_points, g_idx, bias) -> tuple:
+    """One MatMulNBits node "n" (N 12, A [2, 3, K]) and its feeds, every input a graph input."""
+    n, dt = 12, np.dtype(dtype)
+    blocks, levels = -(-k // block), 1 << bits
+    q = RNG.integers(0, levels, (n, blocks * block))
+    feeds = {
+        "A": _x((2, 3, k), dt, 1.0),
+        "B": _pack_bits(q, bits, blocks * block * bits // 8).reshape(n, blocks, -1),
+        "scales": ((RNG.random(n * blocks) + 0.5) / levels).astype(dt),
+    }
+    if zero_points == "packed":
+        zp = RNG.integers(0, levels, (n, blocks))
+        feeds["zp"] = _pack_bits(zp, bits, -(-blocks * bits // 8)).reshape(-1)
+    elif zero_points == "float":
+        feeds["zp"] = (RNG.integers(0, levels, n * blocks) + 0.25).astype(dt)
+    if g_idx:
+        feeds.setdefault("zp", None)
+        feeds["g_idx"] = RNG.permutation(np.arange(k) // block).astype(np.int32)
+    if bias:
+        feeds.setdefault("zp", None)
+        feeds.setdefault("g_idx", None)
+        feeds["bias"] = _x((n,), dt, 1.0)
+    names = [k_ if v is not None else "" for k_, v in feeds.items()]
+    node = helper.make_node(
+        "MatMulNBits", names, ["y"], name="n", domain=MS, K=k, N=n, bits=bits, block_size=block
+    )
+    present = {k_: v for k_, v in feeds.items() if v is not None}
+    inputs = [
+        helper.make_tensor_value_info(k_, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+        for k_, v in present.items()
+    ]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_empty_tensor_value_info("y")])
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    return helper.make_model(graph, opset_imports=imports).SerializeToString(), present
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, BF16, np.float64], ids=lambda d: np.dtype(d).name
+)
+@pytest.mark.parametrize("case", sorted(NBITS_CASES))
+def test_matmul_nbits_on_sim_matches_cpu(case, dtype, sim):
+    """The CUDA kernel's host code and dequantization twin, and the GEMM engine's numpy path,
+    against the CPU kernel. The weight is rounded to A's type before the GEMM (as onnxruntime's
+    CUDA kernel does; the CPU provider keeps it in float32): float16/bfloat16 within four
+    ulps of the largest output, float32 within float32 rounding."""
+    model, feeds = nbits_model(dtype, *NBITS_CASES[case])
+    on_sim = ox.InferenceSession(model, providers=[SIM, CPU])
+    on_cpu = ox.InferenceSession(model, providers=[CPU])
+    assert providers_of(on_sim, "MatMulNBits") == {SIM}
+    dt = np.dtype(dtype)
+    ulp = {np.dtype(np.float16): 2**-10, BF16: 2**-7, np.dtype(np.float64): 1e-12}.get(dt, 1e-6)
+    other = {**feeds, "A": np.ascontiguousarray(feeds["A"][..., ::-1])}
+    for run_feeds in (feeds, other, feeds, other):
+        (got,), (want,) = on_sim.run(None, run_feeds), on_cpu.run(None, run_feeds)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        w64 = want.astype(np.float64)
+        scale = float(np.abs(w64).max())
+        np.testing.assert_allclose(got.astype(np.float64), w64, rtol=4 * ulp, atol=4 * ulp * scale)

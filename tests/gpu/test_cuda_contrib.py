@@ -1,6 +1,6 @@
 """The fused transformer ops on the CUDA provider (com.microsoft Gelu, BiasGelu, FastGelu,
-QuickGelu, BiasSoftmax, EmbedLayerNormalization, SkipLayerNormalization; ai.onnxplug
-MatMulBias), compared with the CPU provider's kernels, and fused BERT/GPT-2-like graphs on
+QuickGelu, BiasSoftmax, EmbedLayerNormalization, MatMulNBits, SkipLayerNormalization;
+ai.onnxplug MatMulBias), compared with the CPU provider's kernels, and fused BERT/GPT-2-like graphs on
 [CUDA, CPU] compared with the unfused graph on the CPU.
 
 Every one-op test builds a model with one node named "n", runs it with providers [CUDA, CPU]
@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from tests.gpu._cuda import CPU, CUDA, assignment, cuda_marks, run_cuda_and_cpu
-from tests.test_fusions_transformer import EMBED_CASES, embed_model
+from tests.test_fusions_transformer import EMBED_CASES, NBITS_CASES, embed_model, nbits_model
 
 import onnxplug as ox
 
@@ -197,6 +197,23 @@ def test_embed_layer_norm(case, dtype):
             _close(g, r, *tol)
         else:
             np.testing.assert_array_equal(g, r)
+
+
+@pytest.mark.parametrize(
+    "dtype,options",
+    [(np.float32, EXACT32), (np.float16, {}), (np.float64, {})]
+    + ([(BF16, {})] if BF16 is not None else []),
+    ids=["f32-notf32", "f16", "f64"] + (["bf16"] if BF16 is not None else []),
+)
+@pytest.mark.parametrize("case", sorted(NBITS_CASES))
+def test_matmul_nbits(case, dtype, options):
+    """The dequantization kernel (bit streams, partial blocks, act-order g_idx, packed and float
+    zero points) and the GEMM against the CPU kernel. The weight is rounded to A's type before
+    the GEMM (the CPU keeps it in float32), so 16-bit types get the GEMM tolerances of
+    test_cuda_matmul_conv.py (float16 1e-2, bfloat16 3e-2); float32 without TF32 1e-4."""
+    model, feeds = nbits_model(dtype, *NBITS_CASES[case])
+    got, ref = _run(model, feeds, options)
+    _close(got[0], ref[0], *(2 * (_gemm_tol(dtype, options, ""),)))
 
 
 # ---------------------------------------------------------------------------------------------

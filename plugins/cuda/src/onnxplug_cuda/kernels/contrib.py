@@ -12,6 +12,8 @@ provider's ``contrib`` kernels are the reference): one kernel launch per fused n
 * ``com.microsoft`` ``QuickGelu`` (``alpha``): ``_fused``'s unary float kernel.
 * ``com.microsoft`` ``EmbedLayerNormalization``: a gather-sum row kernel (NaN rows for ids out
   of range), then the LayerNormalization row kernel of ``_fused``; ``mask_index`` one launch.
+* ``com.microsoft`` ``MatMulNBits``: the 2..8-bit blocks dequantized into a scratch weight by
+  one kernel, then one GEMM with the bias epilogue.
 * ``com.microsoft`` ``BiasSoftmax(data, bias)`` (``axis``): the sum in float32 (float64), then
   ``_fused``'s softmax row kernel over the dims from ``axis`` on, then one rounding.
 * ``ai.onnxplug`` ``MatMulBias``: one cuBLASLt GEMM over ``A`` folded to (rows, K), with the
@@ -721,6 +723,177 @@ class EmbedLayerNormalization(CudaKernel):
 
 
 # ---------------------------------------------------------------------------------------------
+# MatMulNBits: the blocks dequantized into a scratch weight, then one GEMM
+
+_NBITS_SRC = r"""
+// W[n, k] = (q - zp) * scale, one thread per element (grid-stride): q is value k of row n's
+// bit stream (``bits`` bits per value, low bits first; a value may span two bytes), its block
+// g_idx[k] (act-order) or k / block. Zero points: packed like q, one per block (zp_u8), in the
+// scales' type (zp_f), or the middle of the range.
+template <class Tr>
+__device__ void oxc_nbits_dequant(const unsigned char* __restrict__ b,
+                                  const typename Tr::S* __restrict__ scales,
+                                  const unsigned char* __restrict__ zp_u8,
+                                  const typename Tr::S* __restrict__ zp_f,
+                                  const int* __restrict__ g_idx, typename Tr::S* __restrict__ w,
+                                  long long n_rows, long long k_cols, long long blocks,
+                                  long long block, int bits, long long zp_row_bytes) {
+  typedef typename Tr::W W;
+  const long long total = n_rows * k_cols;
+  const long long row_bytes = blocks * block * bits / 8;
+  const unsigned int mask = (1u << bits) - 1u;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long n = i / k_cols, k = i - n * k_cols;
+    const long long bit = k * bits;
+    const unsigned char* r = b + n * row_bytes + (bit >> 3);
+    unsigned int v = r[0];
+    if ((bit & 7) + bits > 8) v |= ((unsigned int)r[1]) << 8;
+    const W q = W((v >> (bit & 7)) & mask);
+    const long long blk = g_idx ? (long long)g_idx[k] : k / block;
+    W zp;
+    if (zp_u8) {
+      const long long zbit = blk * bits;
+      const unsigned char* zr = zp_u8 + n * zp_row_bytes + (zbit >> 3);
+      unsigned int z = zr[0];
+      if ((zbit & 7) + bits > 8) z |= ((unsigned int)zr[1]) << 8;
+      zp = W((z >> (zbit & 7)) & mask);
+    } else if (zp_f) {
+      zp = Tr::ld(zp_f[n * blocks + blk]);
+    } else {
+      zp = W(1 << (bits - 1));
+    }
+    w[i] = Tr::st((q - zp) * Tr::ld(scales[n * blocks + blk]));
+  }
+}
+"""
+
+_NBITS_ENTRY = r"""
+extern "C" __global__ void oxc_nbits_dequant_{k}(const unsigned char* b, const {S}* scales,
+    const unsigned char* zp_u8, const {S}* zp_f, const int* g_idx, {S}* w, long long n_rows,
+    long long k_cols, long long blocks, long long block, int bits, long long zp_row_bytes) {{
+  oxc_nbits_dequant<{Tr}>(b, scales, zp_u8, zp_f, g_idx, w, n_rows, k_cols, blocks, block, bits,
+                          zp_row_bytes);
+}}
+"""
+NBITS_ROWS = F._RowModule(
+    F.ROWS_SRC
+    + _NBITS_SRC
+    + "".join(_NBITS_ENTRY.format(k=k, Tr=tr, S=c) for k, (tr, c) in F.ROW_TYPES.items())
+)
+
+
+def _bits_at(data: np.ndarray, base: np.ndarray, bit: np.ndarray, bits: int) -> np.ndarray:
+    """The ``bits``-bit values starting at bit ``bit`` of the bytes from ``base``: the kernel's
+    arithmetic (a second byte read only when the value spans it)."""
+    byte = base + (bit >> 3)
+    v = data[byte].astype(np.uint32)
+    spans = (bit & 7) + bits > 8
+    v[spans] |= data[byte[spans] + 1].astype(np.uint32) << 8
+    return (v >> (bit & 7).astype(np.uint32)) & np.uint32((1 << bits) - 1)
+
+
+def _nbits_dequant_np(b, scales, zp_u8, zp_f, g_idx, w, n, k, blocks, block, bits, zrow) -> None:
+    """The dequantization kernel's twin, element by element as the kernel indexes (the sizes as
+    numpy integers)."""
+    n, k, blocks, block, bits, zrow = (int(v) for v in (n, k, blocks, block, bits, zrow))
+    rows, cols = np.divmod(np.arange(n * k, dtype=np.int64), k)
+    q = _bits_at(b.reshape(-1), rows * (blocks * block * bits // 8), cols * bits, bits)
+    blk = cols // block if g_idx is None else g_idx.reshape(-1).astype(np.int64)[cols]
+    sc = F.widen(scales.reshape(-1))[rows * blocks + blk]
+    if zp_u8 is not None:
+        zp = _bits_at(zp_u8.reshape(-1), rows * zrow, blk * bits, bits).astype(sc.dtype)
+    elif zp_f is not None:
+        zp = F.widen(zp_f.reshape(-1))[rows * blocks + blk]
+    else:
+        zp = np.full(n * k, 1 << (bits - 1), sc.dtype)
+    np.copyto(w.reshape(-1), (q.astype(sc.dtype) - zp) * sc, casting="unsafe")
+
+
+class MatMulNBits(_Typed):
+    """com.microsoft MatMulNBits(A, B, scales, zero_points?, g_idx?, bias?) (``K``, ``N``,
+    ``bits`` 2..8, ``block_size`` a power of 2 >= 16): W [N, K] dequantized into the frame's
+    workspace (a temporary when not prepared) in A's type, then ``A @ W^T (+ bias)`` as one
+    GEMM (the bias as its epilogue). The weight is dequantized on every run."""
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        bits, block = int(node.attrs.get("bits", 4)), int(node.attrs.get("block_size", 0))
+        # the CPU provider refuses other values with its error
+        return 2 <= bits <= 8 and block >= 16 and not block & (block - 1)
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.k, self.n = int(info.attr("K")), int(info.attr("N"))
+        self.bits, self.block = int(info.attr("bits", 4)), int(info.attr("block_size"))
+        self.blocks = -(-self.k // self.block)
+        self.where = f"MatMulNBits node '{info.name}'"
+        self.gemm = blas.engine_for(self.ep)
+        self.path = self.gemm.kind
+
+    def _calls(self, ctx: KernelContext, prepared: bool) -> list[Any]:
+        xp = self.xp
+        a, b, scales, zp, g_idx, bias = (self.arg(ctx, i) for i in range(6))
+        n, k, blocks, bits = self.n, self.k, self.blocks, self.bits
+        if a.ndim == 0 or a.shape[-1] != k:
+            raise ValueError(f"{self.where}: A's last dim is {a.shape[-1:]}, K is {k}")
+        row_bytes = blocks * self.block * bits // 8
+        if b.size != n * row_bytes or scales.size != n * blocks:
+            raise ValueError(
+                f"{self.where}: B has {b.size} bytes and scales {scales.size} values; N={n}, "
+                f"K={k}, bits={bits} and block_size={self.block} need {n * row_bytes} and "
+                f"{n * blocks}"
+            )
+        packed_zp = zp is not None and np.dtype(zp.dtype) == np.uint8
+        zrow = -(-blocks * bits // 8)
+        if zp is not None and zp.size != (n * zrow if packed_zp else n * blocks):
+            raise ValueError(f"{self.where}: zero_points has {zp.size} values")
+        if bias is not None and bias.shape != (n,):
+            raise ValueError(f"{self.where}: bias must have shape ({n},), got {list(bias.shape)}")
+        dt = self.dtype_of(ctx)
+        y = self.alloc(ctx, 0, (*a.shape[:-1], n), dt)
+        if y.size == 0:
+            return []
+        st = a.dtype  # storage (bfloat16: uint16 on the GPU)
+        if prepared:
+            w = self.be.array_at(ctx.workspace(n * k * np.dtype(st).itemsize), (n, k), st, ctx)
+        else:
+            w = xp.empty((n, k), st)
+        args = (
+            b, scales, zp if packed_zp else None, None if packed_zp else zp, g_idx, w,
+            np.int64(n), np.int64(k), np.int64(blocks), np.int64(self.block), np.int32(bits),
+            np.int64(zrow),
+        )  # fmt: skip
+        calls: list[Any] = []
+        if xp is np:
+            calls.append(lambda: _nbits_dequant_np(*args))
+        else:
+            fn = NBITS_ROWS.function(xp, "oxc_nbits_dequant_" + F.storage_key(dt))
+            grid = (min(-(-(n * k) // 256), 65535 * 8),)
+            if prepared:
+                calls.append(function_launch(fn, grid, (256,), args, self.stream_handle(ctx)))
+            else:
+                null = tuple(_NULL if v is None else v for v in args)
+                calls.append(lambda: fn(grid, (256,), null))
+        rows = shapes.size_of(a.shape[:-1])
+        a2, y2 = a.reshape(rows, k), y.reshape(rows, n)
+        kw = dict(trans_b=True, bias=bias, dtype=dt)
+        if prepared:
+            calls.append(self.gemm.prepare(ctx, a2, w, y2, **kw))
+        else:
+            calls.append(lambda: self.gemm(ctx, a2, w, y2, **kw))
+        return calls
+
+    def compute(self, ctx: KernelContext) -> None:
+        for call in self._calls(ctx, prepared=False):
+            call()
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        calls = self._calls(ctx, prepared=True)
+        return None if any(c is None for c in calls) else bound_calls(calls)
+
+
+# ---------------------------------------------------------------------------------------------
 # MatMulBias: one GEMM with an epilogue
 
 # activation -> (cuBLASLt epilogue with the bias, whether the erf Gelu kernel follows)
@@ -797,3 +970,6 @@ def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
     reg.kernel("EmbedLayerNormalization", domain=MS, since=1, types=embed_types)(
         EmbedLayerNormalization
     )
+    u8 = dtypes("uint8")
+    nbits_types = {0: GELU_TYPES, 1: u8, 2: GELU_TYPES, 3: u8 + GELU_TYPES, 4: i32, 5: GELU_TYPES}
+    reg.kernel("MatMulNBits", domain=MS, since=1, types=nbits_types)(MatMulNBits)
