@@ -7,29 +7,15 @@ and the com.microsoft forms), and the CPU provider against onnxruntime where it 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import onnxplug as ox
 from onnxplug.ep import quantize
 from tests.quant_cases import all_cases, model, quantize_case
+from tests.test_fusions_transformer import CPU, SIM, sim  # noqa: F401 (sim: a fixture)
 
-PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
-SIM = "CUDASimExecutionProvider"
-CPU = "CPUExecutionProvider"
 CASES = all_cases()
-
-
-@pytest.fixture(scope="module")
-def sim():
-    if str(PLUGIN_SRC) not in sys.path:
-        sys.path.insert(0, str(PLUGIN_SRC))
-    ox.register_execution_provider_library(SIM, "onnxplug_cuda.sim:create_factory")
-    yield SIM
-    ox.unregister_execution_provider_library(SIM)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -43,8 +29,9 @@ def _other(feeds: dict) -> dict:
     return {**feeds, "x": np.ascontiguousarray(x.reshape(-1)[::-1].reshape(x.shape))}
 
 
+@pytest.mark.usefixtures("sim")
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sim_matches_cpu(case, sim):
+def test_sim_matches_cpu(case):
     """The CUDA kernel (its layout logic and numpy twin) runs the node and agrees exactly with
     the CPU provider, through the recording, binding and prepared runs."""
     m, feeds = CASES[case]
@@ -59,6 +46,7 @@ def test_sim_matches_cpu(case, sim):
         np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
+@pytest.mark.usefixtures("sim")
 @pytest.mark.parametrize(
     "op, feeds, attrs",
     [
@@ -72,7 +60,7 @@ def test_sim_matches_cpu(case, sim):
     ],
     ids=["int4", "float8", "int32_input", "dq_int4", "dq_output_dtype", "mixed_scale", "precision"],
 )
-def test_what_the_cuda_kernels_leave_to_the_cpu(op, feeds, attrs, sim):
+def test_what_the_cuda_kernels_leave_to_the_cpu(op, feeds, attrs):
     """4-bit and float8 types, integer inputs of QuantizeLinear and opset 23's attributes and
     mixed types run on the CPU provider (and still compute there)."""
     import ml_dtypes
@@ -91,7 +79,8 @@ def test_what_the_cuda_kernels_leave_to_the_cpu(op, feeds, attrs, sim):
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
-def test_bad_shapes_name_the_node(sim):
+@pytest.mark.usefixtures("sim")
+def test_bad_shapes_name_the_node():
     x = np.zeros((2, 4), np.float32)
     cases = [
         ({"x": x, "s": np.ones((3,), np.float32)}, {"axis": 1}, "size of axis 1"),
@@ -159,7 +148,8 @@ def test_cpu_quantize_matches_onnxruntime(case):
     np.testing.assert_array_equal(got, ref.run(None, feeds)[0])
 
 
-def test_contrib_quantize_without_zero_point_is_uint8(sim):
+@pytest.mark.usefixtures("sim")
+def test_contrib_quantize_without_zero_point_is_uint8():
     x = np.array([[-3.0, 0.4, 2.5, 700.0]], np.float32)
     feeds = {"x": x, "s": np.array(0.5, np.float32)}
     m = model("QuantizeLinear", feeds, 19, domain="com.microsoft")

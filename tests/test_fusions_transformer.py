@@ -828,12 +828,16 @@ def embed_model(dtype, segments: bool, mask: bool, pos: str | None, outputs) -> 
         feeds["pos_ids"] = RNG.permutation(seq + 3)[:seq].astype(np.int32)
     elif pos == "batch":
         feeds["pos_ids"] = RNG.integers(0, seq + 3, (batch, seq)).astype(np.int32)
+    return one_node_model("EmbedLayerNormalization", feeds, outputs, epsilon=1e-5)
+
+
+def one_node_model(op: str, feeds: dict, outputs: list[str], **attrs) -> tuple[bytes, dict]:
+    """A com.microsoft node "n" whose inputs are ``feeds`` in order (None: an absent optional
+    input), each a graph input; returns the model and the feeds that are present."""
     names = [k if v is not None else "" for k, v in feeds.items()]
     while not names[-1]:
         names.pop()
-    node = helper.make_node(
-        "EmbedLayerNormalization", names, outputs, name="n", domain=MS, epsilon=1e-5
-    )
+    node = helper.make_node(op, names, outputs, name="n", domain=MS, **attrs)
     present = {k: v for k, v in feeds.items() if v is not None}
     inputs = [
         helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
@@ -933,18 +937,8 @@ def nbits_model(dtype, bits, block, k, zero_points, g_idx, bias) -> tuple:
         feeds.setdefault("zp", None)
         feeds.setdefault("g_idx", None)
         feeds["bias"] = _x((n,), dt, 1.0)
-    names = [k_ if v is not None else "" for k_, v in feeds.items()]
-    node = helper.make_node(
-        "MatMulNBits", names, ["y"], name="n", domain=MS, K=k, N=n, bits=bits, block_size=block
-    )
-    present = {k_: v for k_, v in feeds.items() if v is not None}
-    inputs = [
-        helper.make_tensor_value_info(k_, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
-        for k_, v in present.items()
-    ]
-    graph = helper.make_graph([node], "g", inputs, [helper.make_empty_tensor_value_info("y")])
-    imports = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
-    return helper.make_model(graph, opset_imports=imports).SerializeToString(), present
+    attrs = {"K": k, "N": n, "bits": bits, "block_size": block}
+    return one_node_model("MatMulNBits", feeds, ["y"], **attrs)
 
 
 @pytest.mark.parametrize(

@@ -126,7 +126,7 @@ def quantize_into(x: Any, scale: Any, zero_point: Any, y: np.ndarray) -> None:
         np.copyto(y, np.fmin(np.fmax(v, np.float32(lo)), np.float32(hi)), casting="unsafe")
 
 
-def dequantize_into(x: Any, zero_point: Any, scale: Any, y: np.ndarray) -> None:
+def dequantize_into(x: Any, scale: Any, zero_point: Any, y: np.ndarray) -> None:
     """``y = (x - zero_point) * scale`` in float32 on numpy arrays broadcasting to y's shape,
     rounded once to y's dtype (``zero_point`` None for none)."""
     with np.errstate(all="ignore"):

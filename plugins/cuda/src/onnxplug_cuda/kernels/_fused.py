@@ -906,6 +906,19 @@ class _RowModule:
 
 ROWS = _RowModule()
 
+# storage key -> the C compute type W of its traits
+WIDE_C = {"f32": "float", "f64": "double", "f16": "float", "bf16": "float"}
+
+
+def row_module(src: str, entry: str) -> _RowModule:
+    """A module of ``ROWS_SRC`` (traits, block reductions) and ``src``, with ``entry`` formatted
+    once per storage type: ``{k}`` its key, ``{Tr}`` its traits, ``{S}`` the stored C type and
+    ``{W}`` the compute type."""
+    entries = "".join(
+        entry.format(k=k, Tr=tr, S=c, W=WIDE_C[k]) for k, (tr, c) in ROW_TYPES.items()
+    )
+    return _RowModule(ROWS_SRC + src + entries)
+
 
 def function_devices() -> list[int]:
     """The device of every compiled kernel function loaded so far (packed elementwise

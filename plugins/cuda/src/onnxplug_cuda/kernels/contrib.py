@@ -38,7 +38,7 @@ from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shape
 from .. import blas
 from ..launch import bound_calls, function_launch
 from . import _fused as F
-from ._base import BF16, CudaKernel
+from ._base import BF16, CallListKernel, CudaKernel
 from .elementwise import FloatUnary
 
 MS = "com.microsoft"
@@ -381,12 +381,11 @@ ADD_WIDE_BF16 = F.Elementwise(
 )
 
 
-class BiasSoftmax(_Typed):
+class BiasSoftmax(_Typed, CallListKernel):
     """Softmax of ``data + bias`` (broadcast) over all the dims from ``axis`` on, as the CPU
     provider computes it: the sum and the softmax in float32 (float64 for float64) and one
     rounding at the end. float32/float64 sum into the output and normalize it in place;
-    float16/bfloat16 go through a float32 buffer (the frame's workspace when prepared) and a
-    conversion: three launches."""
+    float16/bfloat16 go through a float32 buffer and a conversion: three launches."""
 
     @classmethod
     def claims(cls, node: Any, graph: Any) -> bool:
@@ -397,8 +396,7 @@ class BiasSoftmax(_Typed):
         super().__init__(info)
         self.axis = int(info.attr("axis", 1))
 
-    def _calls(self, ctx: KernelContext, prepared: bool) -> list[Any] | None:
-        xp = self.xp
+    def calls(self, ctx: KernelContext, stream: int | None) -> list[Any]:
         x, b = self.arg(ctx, 0), self.arg(ctx, 1)
         dt = self.dtype_of(ctx)
         shape = shapes.broadcast_shapes(x.shape, b.shape)
@@ -414,36 +412,15 @@ class BiasSoftmax(_Typed):
             return []
         bf16 = self.is_bf16(ctx)
         wide = np.dtype(np.float64 if dt == np.float64 else np.float32)
-        if wide == dt:
-            s = y
-        elif prepared:
-            s = self.be.array_at(ctx.workspace(y.size * wide.itemsize), shape, wide, ctx)
-        else:
-            s = xp.empty(shape, wide)
+        s = y if wide == dt else self.buffer(ctx, shape, wide, stream)
         outer, n = shapes.size_of(shape[:axis]), shapes.size_of(shape[axis:])
-        key = F.storage_key(wide)
-        stream = self.stream_handle(ctx) if prepared else None
-        add = ADD_WIDE_BF16 if bf16 else ADD_WIDE
-        if prepared:
-            calls = [add.bind(xp, x, b, s, stream=stream or 0)]
-        else:
-            calls = [lambda: add(xp, x, b, s)]
-        calls.append(F.softmax_call(xp, s, s, outer, n, 1, key, False, stream))
+        calls = [
+            self.elementwise(ADD_WIDE_BF16 if bf16 else ADD_WIDE, (x, b, s), stream),
+            F.softmax_call(self.xp, s, s, outer, n, 1, F.storage_key(wide), False, stream),
+        ]
         if s is not y:
-            back = F.F32_TO_BF16 if bf16 else F.CAST
-            if prepared:
-                calls.append(back.bind(xp, s, y, stream=stream or 0))
-            else:
-                calls.append(lambda: back(xp, s, y))
-        return None if any(c is None for c in calls) else calls
-
-    def compute(self, ctx: KernelContext) -> None:
-        for call in self._calls(ctx, prepared=False) or []:
-            call()
-
-    def prepare(self, ctx: KernelContext) -> Any:
-        calls = self._calls(ctx, prepared=True)
-        return None if calls is None else bound_calls(calls)
+            calls.append(self.elementwise(F.F32_TO_BF16 if bf16 else F.CAST, (s, y), stream))
+        return calls
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,14 +480,7 @@ extern "C" __global__ void oxc_embed_sum_{k}(const int* ids, const int* seg_ids,
                       npos, nseg);
 }}
 """
-_WIDE_C = {"f32": "float", "f64": "double", "f16": "float", "bf16": "float"}
-EMBED_ROWS = F._RowModule(
-    F.ROWS_SRC
-    + _EMBED_SRC
-    + "".join(
-        _EMBED_ENTRY.format(k=k, Tr=tr, S=c, W=_WIDE_C[k]) for k, (tr, c) in F.ROW_TYPES.items()
-    )
-)
+EMBED_ROWS = F.row_module(_EMBED_SRC, _EMBED_ENTRY)
 
 
 def _embed_sum_np(ids, seg_ids, pos_ids, pos_batched, word, pos, seg, s, *sizes: Any) -> None:
@@ -569,7 +539,7 @@ AFFINE_BF16 = F.Elementwise(
 )
 
 
-class EmbedLayerNormalization(CudaKernel):
+class EmbedLayerNormalization(CallListKernel):
     """com.microsoft EmbedLayerNormalization (int32 ids, segment ids, mask and position ids):
     inputs input_ids, segment_ids?, word_embedding, position_embedding, segment_embedding?,
     gamma, beta, mask?, position_ids?; outputs output, mask_index?, embedding_sum?.
@@ -624,7 +594,7 @@ class EmbedLayerNormalization(CudaKernel):
             )
         self._checked.add(key)
 
-    def _calls(self, ctx: KernelContext, prepared: bool) -> list[Any]:
+    def calls(self, ctx: KernelContext, stream: int | None) -> list[Any]:
         xp = self.xp
         ids, seg_ids, word, pos, seg, gamma, beta, mask, pos_ids = (
             self.arg(ctx, i) for i in range(9)
@@ -638,11 +608,11 @@ class EmbedLayerNormalization(CudaKernel):
         y = self.alloc(ctx, 0, (batch, seq, hidden), dt)
         counts = self.alloc(ctx, 1, (batch,), np.int32) if ctx.has_output(1) else None
         total = self.alloc(ctx, 2, (batch, seq, hidden), dt) if ctx.has_output(2) else None
-        stream = self.stream_handle(ctx) if prepared else None
         calls: list[Any] = []
         if counts is not None and batch:
             calls.append(
-                self._launch(
+                self.module_call(
+                    EMBED_ROWS,
                     "oxc_mask_count",
                     (batch,),
                     (F.block_size(seq),),
@@ -657,10 +627,8 @@ class EmbedLayerNormalization(CudaKernel):
         wide = np.dtype(np.float64 if dt == np.float64 else np.float32)
         if wide == dt:
             s = total if total is not None else y
-        elif prepared:
-            s = self.be.array_at(ctx.workspace(y.size * wide.itemsize), y.shape, wide, ctx)
         else:
-            s = xp.empty(y.shape, wide)
+            s = self.buffer(ctx, y.shape, wide, stream)
         key = F.storage_key(dt)
         pos_batched = pos_ids is not None and pos_ids.ndim == 2 and pos_ids.shape[0] != 1
         args = (
@@ -669,7 +637,8 @@ class EmbedLayerNormalization(CudaKernel):
             np.int64(0 if seg is None else seg.shape[0]),
         )  # fmt: skip
         calls.append(
-            self._launch(
+            self.module_call(
+                EMBED_ROWS,
                 "oxc_embed_sum_" + key,
                 (tokens,),
                 (F.block_size(hidden),),
@@ -690,36 +659,11 @@ class EmbedLayerNormalization(CudaKernel):
         bf16 = dt.name == "bfloat16"
         if total is not None:
             back = F.F32_TO_BF16 if bf16 else F.CAST
-            calls.append(self._elementwise(back, (s, total), stream))
+            calls.append(self.elementwise(back, (s, total), stream))
         calls.append(F.rownorm(xp, s2, s2, tokens, hidden, self.eps, "f32", stream=stream))
         affine = AFFINE_BF16 if bf16 else AFFINE_16
-        calls.append(self._elementwise(affine, (s, gamma, beta, y), stream))
+        calls.append(self.elementwise(affine, (s, gamma, beta, y), stream))
         return calls
-
-    def _launch(
-        self, name: str, grid: tuple, block: tuple, args: tuple, stream: Any, twin: Any
-    ) -> Any:
-        xp = self.xp
-        if xp is np:
-            return lambda: twin(*args)
-        fn = EMBED_ROWS.function(xp, name)
-        null = tuple(_NULL if a is None else a for a in args)
-        if stream is None:
-            return lambda: fn(grid, block, null)
-        return function_launch(fn, grid, block, args, stream)
-
-    def _elementwise(self, kernel: Any, args: tuple, stream: Any) -> Any:
-        if stream is None:
-            return lambda: kernel(self.xp, *args)
-        return kernel.bind(self.xp, *args, stream=stream)
-
-    def compute(self, ctx: KernelContext) -> None:
-        for call in self._calls(ctx, prepared=False):
-            call()
-
-    def prepare(self, ctx: KernelContext) -> Any:
-        calls = self._calls(ctx, prepared=True)
-        return None if any(c is None for c in calls) else bound_calls(calls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -776,11 +720,7 @@ extern "C" __global__ void oxc_nbits_dequant_{k}(const unsigned char* b, const {
                           zp_row_bytes);
 }}
 """
-NBITS_ROWS = F._RowModule(
-    F.ROWS_SRC
-    + _NBITS_SRC
-    + "".join(_NBITS_ENTRY.format(k=k, Tr=tr, S=c) for k, (tr, c) in F.ROW_TYPES.items())
-)
+NBITS_ROWS = F.row_module(_NBITS_SRC, _NBITS_ENTRY)
 
 
 def _bits_at(data: np.ndarray, base: np.ndarray, bit: np.ndarray, bits: int) -> np.ndarray:
@@ -810,7 +750,7 @@ def _nbits_dequant_np(b, scales, zp_u8, zp_f, g_idx, w, n, k, blocks, block, bit
     np.copyto(w.reshape(-1), (q.astype(sc.dtype) - zp) * sc, casting="unsafe")
 
 
-class MatMulNBits(_Typed):
+class MatMulNBits(_Typed, CallListKernel):
     """com.microsoft MatMulNBits(A, B, scales, zero_points?, g_idx?, bias?) (``K``, ``N``,
     ``bits`` 2..8, ``block_size`` a power of 2 >= 16): W [N, K] dequantized into the frame's
     workspace (a temporary when not prepared) in A's type, then ``A @ W^T (+ bias)`` as one
@@ -831,8 +771,7 @@ class MatMulNBits(_Typed):
         self.gemm = blas.engine_for(self.ep)
         self.path = self.gemm.kind
 
-    def _calls(self, ctx: KernelContext, prepared: bool) -> list[Any]:
-        xp = self.xp
+    def calls(self, ctx: KernelContext, stream: int | None) -> list[Any]:
         a, b, scales, zp, g_idx, bias = (self.arg(ctx, i) for i in range(6))
         n, k, blocks, bits = self.n, self.k, self.blocks, self.bits
         if a.ndim == 0 or a.shape[-1] != k:
@@ -854,43 +793,23 @@ class MatMulNBits(_Typed):
         y = self.alloc(ctx, 0, (*a.shape[:-1], n), dt)
         if y.size == 0:
             return []
-        st = a.dtype  # storage (bfloat16: uint16 on the GPU)
-        if prepared:
-            w = self.be.array_at(ctx.workspace(n * k * np.dtype(st).itemsize), (n, k), st, ctx)
-        else:
-            w = xp.empty((n, k), st)
+        w = self.buffer(ctx, (n, k), a.dtype, stream)  # a's storage (bfloat16: uint16)
         args = (
             b, scales, zp if packed_zp else None, None if packed_zp else zp, g_idx, w,
             np.int64(n), np.int64(k), np.int64(blocks), np.int64(self.block), np.int32(bits),
             np.int64(zrow),
         )  # fmt: skip
-        calls: list[Any] = []
-        if xp is np:
-            calls.append(lambda: _nbits_dequant_np(*args))
-        else:
-            fn = NBITS_ROWS.function(xp, "oxc_nbits_dequant_" + F.storage_key(dt))
-            grid = (min(-(-(n * k) // 256), 65535 * 8),)
-            if prepared:
-                calls.append(function_launch(fn, grid, (256,), args, self.stream_handle(ctx)))
-            else:
-                null = tuple(_NULL if v is None else v for v in args)
-                calls.append(lambda: fn(grid, (256,), null))
+        grid = (min(-(-(n * k) // 256), 65535 * 8),)
+        name = "oxc_nbits_dequant_" + F.storage_key(dt)
+        calls = [self.module_call(NBITS_ROWS, name, grid, (256,), args, stream, _nbits_dequant_np)]
         rows = shapes.size_of(a.shape[:-1])
         a2, y2 = a.reshape(rows, k), y.reshape(rows, n)
         kw = dict(trans_b=True, bias=bias, dtype=dt)
-        if prepared:
-            calls.append(self.gemm.prepare(ctx, a2, w, y2, **kw))
-        else:
+        if stream is None:
             calls.append(lambda: self.gemm(ctx, a2, w, y2, **kw))
+        else:
+            calls.append(self.gemm.prepare(ctx, a2, w, y2, **kw))
         return calls
-
-    def compute(self, ctx: KernelContext) -> None:
-        for call in self._calls(ctx, prepared=False):
-            call()
-
-    def prepare(self, ctx: KernelContext) -> Any:
-        calls = self._calls(ctx, prepared=True)
-        return None if any(c is None for c in calls) else bound_calls(calls)
 
 
 # ---------------------------------------------------------------------------------------------

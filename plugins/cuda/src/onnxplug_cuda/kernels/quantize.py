@@ -27,9 +27,8 @@ import numpy as np
 
 from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, np_dtype, quantize
 
-from ..launch import bound_calls
 from . import _fused as F
-from ._base import BF16, CudaKernel
+from ._base import BF16, CallListKernel
 
 MS = "com.microsoft"
 QUANT_TYPES = dtypes("int8", "uint8", "int16", "uint16")  # what QuantizeLinear produces here
@@ -43,39 +42,44 @@ def _quantize_twin(x: Any, s: Any, z: Any, lo: Any, hi: Any, y: np.ndarray) -> N
 
 
 def _dequantize_twin(x: Any, z: Any, s: Any, y: np.ndarray) -> None:
-    quantize.dequantize_into(x, z, s, y)
+    quantize.dequantize_into(x, s, z, y)
 
 
-_Q_EXPR = "fminf(fmaxf(rintf({x} / {s}) + float(z), lo), hi)"
-QUANTIZE = F.Elementwise(
-    "T x, T s, Q z, float32 lo, float32 hi",
-    "Q y",
-    "y = Q(" + _Q_EXPR.format(x="float(x)", s="float(s)") + ");",
+def _pair(name: str, params: str, out: str, expr: str, twin: Any) -> tuple[Any, Any]:
+    """The kernel of ``expr`` for float16/float32 (``F`` the float type, its values loaded with
+    ``float()``) and for bfloat16 storage (uint16, loaded with ``ox_bf16_ld``, and ``ox_bf16_st``
+    storing a float output)."""
+    plain = F.Elementwise(
+        params.replace("F ", "T "),
+        out.replace("F ", "T "),
+        expr.format(ld="float", st="T"),
+        name,
+        twin,
+    )
+    bf16 = F.Elementwise(
+        params.replace("F ", "uint16 "),
+        out.replace("F ", "uint16 "),
+        expr.format(ld="ox_bf16_ld", st="ox_bf16_st"),
+        name + "_bf16",
+        twin,
+        F.BF16_PRE,
+    )
+    return plain, bf16
+
+
+QUANTIZE, QUANTIZE_BF16 = _pair(
     "oxq_quantize",
-    _quantize_twin,
-)
-QUANTIZE_BF16 = F.Elementwise(
-    "uint16 x, uint16 s, Q z, float32 lo, float32 hi",
+    "F x, F s, Q z, float32 lo, float32 hi",
     "Q y",
-    "y = Q(" + _Q_EXPR.format(x="ox_bf16_ld(x)", s="ox_bf16_ld(s)") + ");",
-    "oxq_quantize_bf16",
+    "y = Q(fminf(fmaxf(rintf({ld}(x) / {ld}(s)) + float(z), lo), hi));",
     _quantize_twin,
-    F.BF16_PRE,
 )
-DEQUANTIZE = F.Elementwise(
-    "X x, X z, T s",
-    "T y",
-    "y = T((float(x) - float(z)) * float(s));",
+DEQUANTIZE, DEQUANTIZE_BF16 = _pair(
     "oxq_dequantize",
+    "X x, X z, F s",
+    "F y",
+    "y = {st}((float(x) - float(z)) * {ld}(s));",
     _dequantize_twin,
-)
-DEQUANTIZE_BF16 = F.Elementwise(
-    "X x, X z, uint16 s",
-    "uint16 y",
-    "y = ox_bf16_st((float(x) - float(z)) * ox_bf16_ld(s));",
-    "oxq_dequantize_bf16",
-    _dequantize_twin,
-    F.BF16_PRE,
 )
 
 
@@ -83,7 +87,7 @@ def _is_bf16(dtype: Any) -> bool:
     return dtype is not None and np.dtype(dtype).name == "bfloat16"
 
 
-class _Linear(CudaKernel):
+class _Linear(CallListKernel):
     """The layout of scale and zero point over the input, checked once per shape signature."""
 
     float_input = 0  # the input whose type is the float side (bfloat16 or not)
@@ -112,18 +116,12 @@ class _Linear(CudaKernel):
         dt = self.info.input_dtype(self.float_input)
         return _is_bf16(dt if dt is not None else ctx.input(self.float_input).dtype)
 
-    def _launches(self, ctx: KernelContext) -> list[tuple[Any, tuple]]:
+    def launches(self, ctx: KernelContext) -> list[tuple[Any, tuple]]:
         """Allocate the output; (kernel, arguments) of each part's launch."""
         raise NotImplementedError
 
-    def compute(self, ctx: KernelContext) -> None:
-        for kernel, args in self._launches(ctx):
-            kernel(self.xp, *args)
-
-    def prepare(self, ctx: KernelContext) -> Any:
-        stream = self.stream_handle(ctx)
-        calls = [kernel.bind(self.xp, *args, stream=stream) for kernel, args in self._launches(ctx)]
-        return None if any(c is None for c in calls) else bound_calls(calls)
+    def calls(self, ctx: KernelContext, stream: int | None) -> list[Any]:
+        return [self.elementwise(k, args, stream) for k, args in self.launches(ctx)]
 
 
 class QuantizeLinear(_Linear):
@@ -146,7 +144,7 @@ class QuantizeLinear(_Linear):
             self.dtype = quantize.quantized_dtype(zt, np_dtype(out) if out else None, self.where)
         self.output_dtype = np_dtype(out) if out else None
 
-    def _launches(self, ctx: KernelContext) -> list[tuple[Any, tuple]]:
+    def launches(self, ctx: KernelContext) -> list[tuple[Any, tuple]]:
         x, s, z = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
         dt = self.dtype
         if dt is None:
@@ -174,7 +172,7 @@ class DequantizeLinear(_Linear):
         out = int(node.attrs.get("output_dtype", 0) or 0)  # opset 23
         return not out or np_dtype(out) == graph.input_dtypes(node)[1]
 
-    def _launches(self, ctx: KernelContext) -> list[tuple[Any, tuple]]:
+    def launches(self, ctx: KernelContext) -> list[tuple[Any, tuple]]:
         x, s, z = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
         dt = self.info.input_dtype(1)
         if dt is None:

@@ -40,21 +40,14 @@ def _parts(info: KernelInfo, x: Any, y: Any, scale: Any, zp: Any, axis: int, blo
     return quantize.operand_parts(x, y, (scale, zp), *layout)
 
 
-def quantize_linear(
-    info: KernelInfo, x: Any, scale: Any, zp: Any, dtype: Any, axis: int, block: int
+def linear(
+    info: KernelInfo, formula: Any, x: Any, scale: Any, zp: Any, dtype: Any, axis: int, block: int
 ) -> np.ndarray:
+    """``formula`` (``quantize.quantize_into`` or ``dequantize_into``) over x into a new array
+    of ``dtype``, part by part of the scale's layout."""
     y = np.empty(x.shape, dtype)
     for xs, ys, ss, zs in _parts(info, x, y, scale, zp, axis, block):
-        quantize.quantize_into(xs, ss, zs, ys)
-    return y
-
-
-def dequantize_linear(
-    info: KernelInfo, x: Any, scale: Any, zp: Any, dtype: Any, axis: int, block: int
-) -> np.ndarray:
-    y = np.empty(x.shape, dtype)
-    for xs, ys, ss, zs in _parts(info, x, y, scale, zp, axis, block):
-        quantize.dequantize_into(xs, zs, ss, ys)
+        formula(xs, ss, zs, ys)
     return y
 
 
@@ -77,7 +70,8 @@ class QuantizeLinear(ReferenceKernel):
         if not (self.native and quantize.is_int_quant(dtype) and x.dtype.kind != "i"):
             super().compute(ctx)
             return
-        ctx.set_output(0, quantize_linear(self.info, x, scale, zp, dtype, self.axis, self.block))
+        q = quantize.quantize_into
+        ctx.set_output(0, linear(self.info, q, x, scale, zp, dtype, self.axis, self.block))
 
 
 class ContribQuantizeLinear(Kernel):
@@ -91,7 +85,9 @@ class ContribQuantizeLinear(Kernel):
     def compute(self, ctx: KernelContext) -> None:
         x, scale, zp = ctx.input(0), ctx.input(1), ctx.input(2)
         dtype = quantize.quantized_dtype(None if zp is None else zp.dtype, None, "")
-        ctx.set_output(0, quantize_linear(self.info, x, scale, zp, dtype, self.axis, 0))
+        ctx.set_output(
+            0, linear(self.info, quantize.quantize_into, x, scale, zp, dtype, self.axis, 0)
+        )
 
 
 class ContribDequantizeLinear(Kernel):
@@ -103,7 +99,8 @@ class ContribDequantizeLinear(Kernel):
 
     def compute(self, ctx: KernelContext) -> None:
         x, scale, zp = ctx.input(0), ctx.input(1), ctx.input(2)
-        ctx.set_output(0, dequantize_linear(self.info, x, scale, zp, scale.dtype, self.axis, 0))
+        dq = quantize.dequantize_into
+        ctx.set_output(0, linear(self.info, dq, x, scale, zp, scale.dtype, self.axis, 0))
 
 
 def register(registry: KernelRegistry) -> None:
