@@ -3,8 +3,8 @@
 Each pattern as torch.onnx (``q @ k.transpose(-2, -1) / sqrt(d)``) or tf2onnx
 (``tf.matmul(a, b, transpose_a=True)``) writes it must become the FusedMatMul onnxruntime's
 MatmulTransposeFusion / MatMulScaleFusion make of it (same transA, transB and alpha), match the
-unfused session and onnxruntime's, and not fuse where those rules do not. The CUDA plugin has
-no FusedMatMul kernel: on its (simulated) provider nothing is fused.
+unfused session and onnxruntime's, and not fuse where those rules do not. The CUDA plugin's
+FusedMatMul kernel takes the fused node on its (simulated) provider too.
 """
 
 from __future__ import annotations
@@ -347,16 +347,92 @@ def test_16_bit_types(dtype):
 
 
 @pytest.mark.usefixtures("sim")
-def test_not_fused_on_the_cuda_provider():
-    """The CUDA plugin has no FusedMatMul: its Transpose, MatMul and Div stay on it."""
+def test_fused_on_the_cuda_provider():
+    """The CUDA plugin has a FusedMatMul kernel: the scores' Transpose and scale fold into one
+    FusedMatMul there too, which runs on it and matches the unfused graph and onnxruntime."""
     g = G()
     model = g.model([_scores(g)])
-    s = check(model, {"a": _x(A4), "b": _x(B4)}, ["Transpose", "MatMul", "Div"], None, [SIM, CPU])
+    s = check(model, {"a": _x(A4), "b": _x(B4)}, ["FusedMatMul"], None, [SIM, CPU])
     assert {
         r["ep"]
         for r in s.get_provider_graph_assignment_info()
         if not r["op_type"].startswith("Memcpy")
     } == {SIM}
+    got = fused(s)
+    assert (got["transA"], got["transB"]) == (0, 1)
+    assert got["alpha"] == pytest.approx(1 / math.sqrt(8))
+
+
+# (A shape, B shape) of FusedMatMul as stored (before op() swaps the last two axes)
+SIM_SHAPES = [
+    ((4, 6), (6, 5)),
+    ((2, 3, 4, 6), (2, 3, 6, 5)),
+    ((2, 3, 4, 6), (6, 5)),  # B broadcast over A's batch
+    ((3, 1, 4, 6), (1, 2, 6, 5)),  # both batches broadcast
+    ((6,), (3, 6, 5)),  # 1-D A: op() leaves it alone
+    ((2, 4, 6), (6,)),  # 1-D B
+    ((4, 4), (4, 4)),  # square: the transposes are not the identity
+]
+
+
+@pytest.mark.usefixtures("sim")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, "bfloat16"])
+@pytest.mark.parametrize("ta, tb, alpha", [(0, 0, 1.0), (1, 0, 0.5), (0, 1, -2.0), (1, 1, 0.125)])
+@pytest.mark.parametrize("shapes", SIM_SHAPES, ids=str)
+def test_fused_matmul_kernel_on_sim_matches_cpu(shapes, ta, tb, alpha, dtype):
+    """The CUDA kernel's shape plan (operands as the GEMM reads them) and the GEMM engine's
+    numpy path against the CPU kernel, one node, for every float type."""
+    import ml_dtypes
+
+    dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    sa, sb = shapes
+
+    def stored(shape, t):
+        return (*shape[:-2], shape[-1], shape[-2]) if t and len(shape) >= 2 else shape
+
+    a, b = _x(stored(sa, ta)).astype(dt), _x(stored(sb, tb)).astype(dt)
+    node = helper.make_node(
+        "FusedMatMul", ["a", "b"], ["y"], name="n", domain=MS, alpha=alpha, transA=ta, transB=tb
+    )
+    elem = helper.np_dtype_to_tensor_dtype(dt)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("a", elem, a.shape),
+            helper.make_tensor_value_info("b", elem, b.shape),
+        ],
+        [helper.make_empty_tensor_value_info("y")],
+    )
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    model = helper.make_model(graph, opset_imports=imports).SerializeToString()
+    on_sim = ox.InferenceSession(model, providers=[SIM, CPU])
+    assert providers_of(on_sim, "FusedMatMul") == {SIM}
+    for feeds in ({"a": a, "b": b}, {"a": a[..., ::-1].copy(), "b": b}, {"a": a, "b": b}):
+        got = on_sim.run(None, feeds)[0]
+        want = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)[0]
+        assert got.dtype == want.dtype and got.shape == want.shape
+        # both multiply in float32 (float64) and round once; the sums' order may differ
+        ulp = {np.dtype(np.float16): 2**-10, np.dtype(ml_dtypes.bfloat16): 2**-7}.get(dt, 1e-6)
+        w64 = want.astype(np.float64)
+        np.testing.assert_allclose(
+            got.astype(np.float64), w64, rtol=2 * ulp, atol=2 * ulp * np.abs(w64).max()
+        )
+
+
+@pytest.mark.usefixtures("sim")
+def test_fused_matmul_batch_transposes_are_refused_on_both_providers():
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], name="n", domain=MS, transBatchA=1)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, 1, [2, 3, 4]) for n in "ab"],
+        [helper.make_empty_tensor_value_info("y")],
+    )
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    model = helper.make_model(graph, opset_imports=imports).SerializeToString()
+    with pytest.raises(Exception, match="transBatchA=1 is not supported"):
+        ox.InferenceSession(model, providers=[SIM, CPU])
 
 
 @pytest.mark.parametrize("name", ["MatmulTransposeFusion", "MatMulScaleFusion"])

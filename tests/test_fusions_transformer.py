@@ -720,6 +720,17 @@ CONTRIB_CASES = {
     "bias_gelu": ("BiasGelu", MS, {"x": (2, 3, 16), "b": (16,)}, ["y"], {}),
     "fast_gelu": ("FastGelu", MS, {"x": (2, 3, 16)}, ["y"], {}),
     "fast_gelu_bias": ("FastGelu", MS, {"x": (2, 3, 16), "b": (16,)}, ["y"], {}),
+    "quick_gelu": ("QuickGelu", MS, {"x": (2, 3, 16)}, ["y"], {}),
+    "quick_gelu_alpha": ("QuickGelu", MS, {"x": (4, 16)}, ["y"], {"alpha": -0.75}),
+    "bias_softmax": ("BiasSoftmax", MS, {"x": (2, 3, 4, 5), "b": (2, 1, 4, 5)}, ["y"], {}),
+    "bias_softmax_last": (
+        "BiasSoftmax",
+        MS,
+        {"x": (2, 3, 4, 8), "b": (4, 8)},
+        ["y"],
+        {"axis": -1},
+    ),
+    "bias_softmax_axis2": ("BiasSoftmax", MS, {"x": (2, 3, 4, 5), "b": (5,)}, ["y"], {"axis": 2}),
     "skip_ln": (
         "SkipLayerNormalization",
         MS,
@@ -772,11 +783,183 @@ def test_contrib_kernels_on_sim_match_cpu(case, dtype, sim):
     claimed = not (op == "FastGelu" and dt == np.float64)  # FastGelu has no float64
     assert providers_of(on_sim, op) == {SIM if claimed else CPU}
     ulp = {np.dtype(np.float16): 2**-10, BF16: 2**-7}.get(dt, 1e-5)
-    for name, got, want in zip(
-        [o for o in outputs if o], on_sim.run(None, feeds), on_cpu.run(None, feeds)
-    ):
-        assert got.dtype == want.dtype and got.shape == want.shape, name
-        scale = max(1.0, float(np.abs(want.astype(np.float64)).max()))
-        np.testing.assert_allclose(
-            got.astype(np.float64), want.astype(np.float64), rtol=2 * ulp, atol=ulp * scale
-        )
+    # the recording run, the run that binds the prepared calls, a run through them (new values)
+    other = {
+        k: np.ascontiguousarray(v.reshape(-1)[::-1].reshape(v.shape)) for k, v in feeds.items()
+    }
+    for run_feeds in (feeds, other, feeds, other):
+        for name, got, want in zip(
+            [o for o in outputs if o], on_sim.run(None, run_feeds), on_cpu.run(None, run_feeds)
+        ):
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            scale = max(1.0, float(np.abs(want.astype(np.float64)).max()))
+            np.testing.assert_allclose(
+                got.astype(np.float64), want.astype(np.float64), rtol=2 * ulp, atol=ulp * scale
+            )
+
+
+# name: (segments, mask, position ids: None | "seq" | "batch", outputs)
+EMBED_CASES = {
+    "bert": (True, True, None, ["y", "mask_index", "sum"]),
+    "no_segment": (False, True, None, ["y", "mask_index"]),
+    "no_mask_pos_ids": (True, False, "seq", ["y", "mask_index", "sum"]),
+    "batched_pos_ids": (False, False, "batch", ["y", "", "sum"]),
+    "output_only": (True, True, "seq", ["y"]),
+}
+
+
+def embed_model(dtype, segments: bool, mask: bool, pos: str | None, outputs) -> tuple:
+    """One EmbedLayerNormalization node "n" (batch 2, sequence 5, hidden 16) and its feeds;
+    the tables and gamma/beta are graph inputs too."""
+    batch, seq, hidden, vocab = 2, 5, 16, 11
+    dt = np.dtype(dtype)
+    feeds: dict[str, np.ndarray | None] = {
+        "ids": RNG.integers(0, vocab, (batch, seq)).astype(np.int32),
+        "seg_ids": RNG.integers(0, 2, (batch, seq)).astype(np.int32) if segments else None,
+        "word": _x((vocab, hidden), dt, 1.0),
+        "pos": _x((seq + 3, hidden), dt, 1.0),
+        "seg": _x((2, hidden), dt, 1.0) if segments else None,
+        "gamma": (RNG.random(hidden) + 0.5).astype(dt),
+        "beta": _x((hidden,), dt, 1.0),
+        "mask": (RNG.random((batch, seq)) > 0.3).astype(np.int32) if mask else None,
+        "pos_ids": None,
+    }
+    if pos == "seq":
+        feeds["pos_ids"] = RNG.permutation(seq + 3)[:seq].astype(np.int32)
+    elif pos == "batch":
+        feeds["pos_ids"] = RNG.integers(0, seq + 3, (batch, seq)).astype(np.int32)
+    return one_node_model("EmbedLayerNormalization", feeds, outputs, epsilon=1e-5)
+
+
+def one_node_model(op: str, feeds: dict, outputs: list[str], **attrs) -> tuple[bytes, dict]:
+    """A com.microsoft node "n" whose inputs are ``feeds`` in order (None: an absent optional
+    input), each a graph input; returns the model and the feeds that are present."""
+    names = [k if v is not None else "" for k, v in feeds.items()]
+    while not names[-1]:
+        names.pop()
+    node = helper.make_node(op, names, outputs, name="n", domain=MS, **attrs)
+    present = {k: v for k, v in feeds.items() if v is not None}
+    inputs = [
+        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+        for k, v in present.items()
+    ]
+    graph = helper.make_graph(
+        [node], "g", inputs, [helper.make_empty_tensor_value_info(o) for o in outputs if o]
+    )
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    return helper.make_model(graph, opset_imports=imports).SerializeToString(), present
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, BF16, np.float64], ids=lambda d: np.dtype(d).name
+)
+@pytest.mark.parametrize("case", sorted(EMBED_CASES))
+def test_embed_layer_norm_on_sim_matches_cpu(case, dtype, sim):
+    """The CUDA kernel's host code, twins and launches (recording, binding and prepared runs,
+    with new ids) against the CPU kernel: the sums exactly, the normalized output within one
+    ulp of the type (float32: the statistics' summation order), mask_index exactly."""
+    model, feeds = embed_model(dtype, *EMBED_CASES[case])
+    outputs = [o for o in EMBED_CASES[case][3] if o]
+    on_sim = ox.InferenceSession(model, providers=[SIM, CPU])
+    on_cpu = ox.InferenceSession(model, providers=[CPU])
+    assert providers_of(on_sim, "EmbedLayerNormalization") == {SIM}
+    dt = np.dtype(dtype)
+    ulp = {np.dtype(np.float16): 2**-10, BF16: 2**-7}.get(dt, 1e-5)
+    other = {**feeds, "ids": np.ascontiguousarray(feeds["ids"][:, ::-1])}
+    for run_feeds in (feeds, other, feeds, other):
+        got, want = on_sim.run(None, run_feeds), on_cpu.run(None, run_feeds)
+        for name, g, w in zip(outputs, got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape, name
+            if name == "y":
+                np.testing.assert_allclose(
+                    g.astype(np.float64), w.astype(np.float64), rtol=2 * ulp, atol=2 * ulp
+                )
+            else:
+                np.testing.assert_array_equal(g, w)
+
+
+def test_embed_layer_norm_ids_out_of_range(sim):
+    """The CPU provider refuses an id out of range; the CUDA kernel (which cannot check on the
+    host without a synchronisation) gives that token a NaN row and leaves the others alone."""
+    model, feeds = embed_model(np.float32, True, True, None, ["y"])
+    bad = {**feeds, "ids": feeds["ids"].copy()}
+    bad["ids"][1, 2] = 11
+    with pytest.raises(Exception, match="input_ids must be in"):
+        ox.InferenceSession(model, providers=[CPU]).run(None, bad)
+    got = ox.InferenceSession(model, providers=[SIM, CPU]).run(None, bad)[0]
+    assert np.isnan(got[1, 2]).all()
+    ok = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)[0]  # other tokens alike
+    keep = np.ones(got.shape[:2], bool)
+    keep[1, 2] = False
+    np.testing.assert_allclose(got[keep], ok[keep], rtol=1e-5, atol=1e-5)
+
+
+# name: (bits, block_size, K, zero points: None | "packed" | "float", g_idx, bias)
+NBITS_CASES = {
+    "int4_packed_zp": (4, 32, 64, "packed", False, False),
+    "int4_default_zp_bias": (4, 16, 64, None, False, True),
+    "int4_partial_block": (4, 32, 72, "packed", False, True),
+    "int8_float_zp": (8, 32, 64, "float", False, False),
+    "int3_partial_block": (3, 16, 40, "packed", False, False),
+    "int2": (2, 64, 64, None, False, True),
+    "int5_act_order": (5, 16, 48, "packed", True, False),
+}
+
+
+def _pack_bits(values: np.ndarray, bits: int, nbytes: int) -> np.ndarray:
+    """[rows, count] values as [rows, nbytes] uint8, ``bits`` bits each, low bits first."""
+    planes = ((values[..., None] >> np.arange(bits)) & 1).astype(np.uint8)
+    packed = np.packbits(planes.reshape(values.shape[0], -1), axis=-1, bitorder="little")
+    out = np.zeros((values.shape[0], nbytes), np.uint8)
+    out[:, : min(nbytes, packed.shape[1])] = packed[:, :nbytes]
+    return out
+
+
+def nbits_model(dtype, bits, block, k, zero_points, g_idx, bias) -> tuple:
+    """One MatMulNBits node "n" (N 12, A [2, 3, K]) and its feeds, every input a graph input."""
+    n, dt = 12, np.dtype(dtype)
+    blocks, levels = -(-k // block), 1 << bits
+    q = RNG.integers(0, levels, (n, blocks * block))
+    feeds = {
+        "A": _x((2, 3, k), dt, 1.0),
+        "B": _pack_bits(q, bits, blocks * block * bits // 8).reshape(n, blocks, -1),
+        "scales": ((RNG.random(n * blocks) + 0.5) / levels).astype(dt),
+    }
+    if zero_points == "packed":
+        zp = RNG.integers(0, levels, (n, blocks))
+        feeds["zp"] = _pack_bits(zp, bits, -(-blocks * bits // 8)).reshape(-1)
+    elif zero_points == "float":
+        feeds["zp"] = (RNG.integers(0, levels, n * blocks) + 0.25).astype(dt)
+    if g_idx:
+        feeds.setdefault("zp", None)
+        feeds["g_idx"] = RNG.permutation(np.arange(k) // block).astype(np.int32)
+    if bias:
+        feeds.setdefault("zp", None)
+        feeds.setdefault("g_idx", None)
+        feeds["bias"] = _x((n,), dt, 1.0)
+    attrs = {"K": k, "N": n, "bits": bits, "block_size": block}
+    return one_node_model("MatMulNBits", feeds, ["y"], **attrs)
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, BF16, np.float64], ids=lambda d: np.dtype(d).name
+)
+@pytest.mark.parametrize("case", sorted(NBITS_CASES))
+def test_matmul_nbits_on_sim_matches_cpu(case, dtype, sim):
+    """The CUDA kernel's host code and dequantization twin, and the GEMM engine's numpy path,
+    against the CPU kernel. The weight is rounded to A's type before the GEMM (as onnxruntime's
+    CUDA kernel does; the CPU provider keeps it in float32): float16/bfloat16 within four
+    ulps of the largest output, float32 within float32 rounding."""
+    model, feeds = nbits_model(dtype, *NBITS_CASES[case])
+    on_sim = ox.InferenceSession(model, providers=[SIM, CPU])
+    on_cpu = ox.InferenceSession(model, providers=[CPU])
+    assert providers_of(on_sim, "MatMulNBits") == {SIM}
+    dt = np.dtype(dtype)
+    ulp = {np.dtype(np.float16): 2**-10, BF16: 2**-7, np.dtype(np.float64): 1e-12}.get(dt, 1e-6)
+    other = {**feeds, "A": np.ascontiguousarray(feeds["A"][..., ::-1])}
+    for run_feeds in (feeds, other, feeds, other):
+        (got,), (want,) = on_sim.run(None, run_feeds), on_cpu.run(None, run_feeds)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        w64 = want.astype(np.float64)
+        scale = float(np.abs(w64).max())
+        np.testing.assert_allclose(got.astype(np.float64), w64, rtol=4 * ulp, atol=4 * ulp * scale)

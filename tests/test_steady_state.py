@@ -96,6 +96,40 @@ def conv_block() -> bytes:
     )
 
 
+def qdq_block() -> bytes:
+    """A quantized MatMul as onnxruntime's quantization tools write it: x quantized and
+    dequantized per block (the last block partial), the weight per axis, the result per
+    tensor, then Relu."""
+    rng = np.random.default_rng(4)
+    inits = {
+        "xs": (rng.random((2, 3, 2)) + 0.5).astype(np.float32) / 50,
+        "xz": rng.integers(-5, 5, (2, 3, 2)).astype(np.int8),
+        "w": rng.standard_normal((6, 5)).astype(np.float32),
+        "ws": (rng.random(5) + 0.5).astype(np.float32) / 100,
+        "wz": np.zeros(5, np.int8),
+        "ys": np.array(0.05, np.float32),
+        "yz": np.array(128, np.uint8),
+    }
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], axis=2, block_size=4),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], axis=2, block_size=4),
+        helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], axis=1),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=1),
+        helper.make_node("MatMul", ["xd", "wd"], ["m"]),
+        helper.make_node("QuantizeLinear", ["m", "ys", "yz"], ["mq"]),
+        helper.make_node("DequantizeLinear", ["mq", "ys", "yz"], ["md"]),
+        helper.make_node("Relu", ["md"], ["y"]),
+    ]
+    f = TensorProto.FLOAT
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", f, [2, 3, 6])],
+        [helper.make_tensor_value_info("y", f, [2, 3, 5])],
+        inits,
+        opset=21,
+    )
+
+
 def steady_counts(sess: ox.InferenceSession, feeds: dict, runs: int = 3) -> list[dict[str, int]]:
     allocators = sess._runner.plan.allocators.values()
 
@@ -117,7 +151,7 @@ def steady_counts(sess: ox.InferenceSession, feeds: dict, runs: int = 3) -> list
     return out
 
 
-@pytest.mark.parametrize("build", [transformer_block, conv_block])
+@pytest.mark.parametrize("build", [transformer_block, conv_block, qdq_block])
 def test_steady_state_is_one_sync_no_allocation_no_view(sim, build):
     model = build()
     sess = ox.InferenceSession(model, providers=[sim, CPU])

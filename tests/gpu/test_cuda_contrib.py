@@ -1,12 +1,14 @@
 """The fused transformer ops on the CUDA provider (com.microsoft Gelu, BiasGelu, FastGelu,
-SkipLayerNormalization; ai.onnxplug MatMulBias), compared with the CPU provider's kernels, and
-fused BERT/GPT-2-like graphs on [CUDA, CPU] compared with the unfused graph on the CPU.
+QuickGelu, BiasSoftmax, EmbedLayerNormalization, MatMulNBits, SkipLayerNormalization;
+ai.onnxplug MatMulBias), compared with the CPU provider's kernels, and fused BERT/GPT-2-like graphs on
+[CUDA, CPU] compared with the unfused graph on the CPU.
 
 Every one-op test builds a model with one node named "n", runs it with providers [CUDA, CPU]
 and with CPU alone, and checks that "n" ran on CUDAExecutionProvider. Tolerances (``atol``
 is relative to the largest reference value, ``scale``):
-* Gelu/BiasGelu/FastGelu float32: rtol 1e-5, atol 1e-6 * scale. Both sides compute the formula
-  in float32 (erff/tanhf against numpy's tanh and a float32 erf with relative error ~4e-7);
+* Gelu/BiasGelu/FastGelu/QuickGelu float32: rtol 1e-5, atol 1e-6 * scale. Both sides compute
+  the formula in float32 (erff/tanhf against numpy's tanh and a float32 erf with relative error
+  ~4e-7);
   1 + erf(x) cancels for negative x on both sides alike.
 * float16: rtol 2e-3, atol 1e-3 * scale (both compute in float32 and round once: at most one
   float16 ulp apart, 2**-10 relative). bfloat16: rtol 1.6e-2, atol 8e-3 * scale (one ulp,
@@ -31,6 +33,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from tests.gpu._cuda import CPU, CUDA, assignment, cuda_marks, run_cuda_and_cpu
+from tests.test_fusions_transformer import EMBED_CASES, NBITS_CASES, embed_model, nbits_model
 
 import onnxplug as ox
 
@@ -132,6 +135,85 @@ def test_fast_gelu_float64_stays_on_cpu():
     got, ref, eps = run_cuda_and_cpu(_model("FastGelu", MS, feeds), feeds)
     assert eps["n"] == CPU
     np.testing.assert_array_equal(got[0], ref[0])
+
+
+@pytest.mark.parametrize("alpha", [None, 1.0, -0.5], ids=["default", "1", "neg"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_quick_gelu(dtype, alpha):
+    """x / (1 + exp(-alpha x)) in float32 (float64) on both sides, rounded once: expf's 2 ulp
+    against numpy's exp is inside the elementwise tolerance; the edges (+-inf, NaN, values
+    whose exp overflows to give -0) agree exactly."""
+    rng = np.random.default_rng(3)
+    x = _rand(rng, (3, 17, 40), dtype, 4.0)
+    edges = [np.inf, -np.inf, np.nan, -100.0, 100.0, 0.0, -0.0]
+    x.reshape(-1)[: len(edges)] = np.array(edges, np.float64).astype(dtype)
+    feeds = {"x": x}
+    attrs = {} if alpha is None else {"alpha": alpha}
+    got, ref = _run(_model("QuickGelu", MS, feeds, **attrs), feeds)
+    g64, r64 = got[0].astype(np.float64), ref[0].astype(np.float64)
+    np.testing.assert_array_equal(g64.reshape(-1)[: len(edges)], r64.reshape(-1)[: len(edges)])
+    _close(got[0], ref[0], *_elementwise_tol(dtype))
+
+
+BIAS_SOFTMAX_CASES = {
+    # name: (data shape, bias shape, axis)
+    "bert_mask": ((2, 12, 33, 33), (2, 1, 33, 33), 3),
+    "last_neg": ((2, 4, 7, 300), (7, 300), -1),
+    "from_axis1": ((3, 5, 2, 40), (5, 2, 40), 1),  # softmax over 5 * 2 * 40 values
+    "wide_row": ((2, 5000), (2, 5000), 1),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", sorted(BIAS_SOFTMAX_CASES))
+def test_bias_softmax(case, dtype):
+    """Both sides add in float32 (float64) and run the softmax there, rounding once; the sums
+    differ in order (block reduction against numpy's pairwise sum): float32 rtol 1e-5 and atol
+    1e-6, 16-bit types one ulp. Part of the bias is -inf (a mask), one row entirely."""
+    xs, bs, axis = BIAS_SOFTMAX_CASES[case]
+    rng = np.random.default_rng(5)
+    bias = _rand(rng, bs, np.float64, 2.0)
+    bias.reshape(-1)[::7] = -np.inf
+    bias.reshape(-1)[: bs[-1]] = -np.inf  # a whole masked row: NaN on both sides
+    feeds = {"x": _rand(rng, xs, dtype, 3.0), "b": bias.astype(dtype)}
+    got, ref = _run(_model("BiasSoftmax", MS, feeds, axis=axis), feeds)
+    rtol, atol = (1e-5, 1e-6) if np.dtype(dtype) == np.float32 else _elementwise_tol(dtype)
+    assert np.array_equal(np.isnan(got[0].astype(np.float64)), np.isnan(ref[0].astype(np.float64)))
+    _close(got[0], ref[0], rtol, atol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", sorted(EMBED_CASES))
+def test_embed_layer_norm(case, dtype):
+    """The embedding sum (output embedding_sum) is exact: the same float32 (float64) additions
+    in the same order, rounded once; mask_index exact; the normalized output as
+    SkipLayerNormalization's (statistics summed in another order)."""
+    model, feeds = embed_model(dtype, *EMBED_CASES[case])
+    outputs = [o for o in EMBED_CASES[case][3] if o]
+    got, ref = _run(model, feeds)
+    for name, g, r in zip(outputs, got, ref):
+        if name == "y":
+            tol = (1e-5, 1e-5) if np.dtype(dtype) == np.float32 else _elementwise_tol(dtype)
+            _close(g, r, *tol)
+        else:
+            np.testing.assert_array_equal(g, r)
+
+
+@pytest.mark.parametrize(
+    "dtype,options",
+    [(np.float32, EXACT32), (np.float16, {}), (np.float64, {})]
+    + ([(BF16, {})] if BF16 is not None else []),
+    ids=["f32-notf32", "f16", "f64"] + (["bf16"] if BF16 is not None else []),
+)
+@pytest.mark.parametrize("case", sorted(NBITS_CASES))
+def test_matmul_nbits(case, dtype, options):
+    """The dequantization kernel (bit streams, partial blocks, act-order g_idx, packed and float
+    zero points) and the GEMM against the CPU kernel. The weight is rounded to A's type before
+    the GEMM (the CPU keeps it in float32), so 16-bit types get the GEMM tolerances of
+    test_cuda_matmul_conv.py (float16 1e-2, bfloat16 3e-2); float32 without TF32 1e-4."""
+    model, feeds = nbits_model(dtype, *NBITS_CASES[case])
+    got, ref = _run(model, feeds, options)
+    _close(got[0], ref[0], *(2 * (_gemm_tol(dtype, options, ""),)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 residual Add + activation become com.microsoft FusedConv nodes that the CUDA provider runs
 (cuDNN's plain convolution and one epilogue kernel for bias, Z and activation; with
 ``fuse_conv_bias=1`` the bias, Z and ReLU in cuDNN's graph), matching the unfused graph on the CPU
-provider; the on-disk tuning cache serves a second process; FusedMatMul is not made where CUDA runs the
-MatMul (the plugin has no kernel for it)."""
+provider; the on-disk tuning cache serves a second process; Transposes and scales around a
+MatMul become a FusedMatMul that the CUDA provider runs."""
 
 from __future__ import annotations
 
@@ -114,7 +114,9 @@ def test_tuning_cache_serves_a_second_process(tmp_path):
     )
 
 
-def test_transpose_matmul_stays_unfused_on_cuda():
+def test_transpose_matmul_fuses_on_cuda():
+    """The scores' Transpose and scale fold into one FusedMatMul that the CUDA provider runs
+    (the GEMM's own transpose and alpha), matching the unfused graph on the CPU provider."""
     g = G()
     a, b = g.input("a", [2, 3, 5, 8]), g.input("b", [2, 3, 5, 8])
     y = g.op("Div", g.op("MatMul", a, g.op("Transpose", b, perm=[0, 1, 3, 2])), g.const(8.0))
@@ -123,5 +125,11 @@ def test_transpose_matmul_stays_unfused_on_cuda():
     rows = [
         r for r in s.get_provider_graph_assignment_info() if not r["op_type"].startswith("Memcpy")
     ]
-    assert sorted(r["op_type"] for r in rows) == ["Div", "MatMul", "Transpose"]
+    assert [r["op_type"] for r in rows] == ["FusedMatMul"]
     assert {r["ep"] for r in rows} == {CUDA}
+    rng = np.random.default_rng(4)
+    feeds = {k: rng.standard_normal((2, 3, 5, 8)).astype(np.float32) for k in "ab"}
+    so = ox.SessionOptions()
+    so.graph_optimization_level = ox.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ox.InferenceSession(model, so, providers=[CPU]).run(None, feeds)[0]
+    np.testing.assert_allclose(s.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)

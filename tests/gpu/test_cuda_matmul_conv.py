@@ -1,4 +1,4 @@
-"""MatMul/Gemm/MatMulInteger (cuBLASLt), Conv/ConvTranspose/FusedConv (cuDNN, and the GEMM
+"""MatMul/Gemm/FusedMatMul/MatMulInteger (cuBLASLt), Conv/ConvTranspose/FusedConv (cuDNN, and the GEMM
 fallback) and pooling on the CUDA provider, compared with the CPU provider.
 
 Every test builds a one-node model, runs it with providers [CUDA, CPU] and with CPU alone, and
@@ -148,6 +148,32 @@ def test_matmul_runs_on_cublaslt():
     _check(_model("MatMul", feeds, opset=13), feeds, np.float32, EXACT32)
     assert blas.stats["cublaslt"] > before["cublaslt"]
     assert blas.stats["xp"] == before["xp"]
+
+
+# ---------------------------------------------------------------------------------------------
+# com.microsoft FusedMatMul: the GEMM's transposes and alpha
+
+FUSED_SHAPES = [MATMUL_SHAPES[i] for i in (0, 2, 3, 5, 7)] + [((16, 16), (16, 16))]
+
+
+def _stored(shape: tuple, trans: int) -> tuple:
+    """The stored shape of an operand that op() transposes (rank >= 2) into ``shape``."""
+    return (*shape[:-2], shape[-1], shape[-2]) if trans and len(shape) >= 2 else shape
+
+
+@pytest.mark.parametrize("sa,sb", FUSED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("ta,tb,alpha", [(0, 0, 0.5), (1, 0, 1.0), (0, 1, -2.0), (1, 1, 0.125)])
+@pytest.mark.parametrize(
+    "dtype,options",
+    [(np.float32, EXACT32), (np.float16, {}), (np.float64, {})]
+    + ([(BF16, {})] if BF16 is not None else []),
+    ids=["f32-notf32", "f16", "f64"] + (["bf16"] if BF16 is not None else []),
+)
+def test_fused_matmul(sa, sb, ta, tb, alpha, dtype, options):
+    rng = np.random.default_rng(9)
+    feeds = {"a": _rand(rng, _stored(sa, ta), dtype), "b": _rand(rng, _stored(sb, tb), dtype)}
+    model = _model("FusedMatMul", feeds, domain="com.microsoft", alpha=alpha, transA=ta, transB=tb)
+    _check(model, feeds, dtype, options)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 A plugin imports only from here: the factory/EP/device object model, the kernel API, the
 allocator, stream and data-transfer protocols, the BFC arena and the shared-arena cache, ONNX
-type helpers, shared shape logic, DLPack constants, the host-provided control-flow kernels
-(If/Loop/Scan) and the errors.
+type helpers, shared shape and quantization logic, DLPack constants, the host-provided
+control-flow kernels (If/Loop/Scan) and the errors.
 """
 
 from .. import errors
@@ -16,7 +16,7 @@ from ..errors import (
     NotImplemented,
     OutOfMemory,
 )
-from ..framework import counters, dlpack, shapes
+from ..framework import counters, dlpack, quantize, shapes
 from ..framework.arena import (
     ARENA_OPTIONS,
     EXTEND_STRATEGIES,
@@ -145,6 +145,7 @@ __all__ = [
     "node_seed",
     "np_dtype",
     "parse_byte_count",
+    "quantize",
     "shapes",
     "supports",
     "tensor_type_str",

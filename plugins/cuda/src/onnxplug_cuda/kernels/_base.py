@@ -16,7 +16,7 @@ import numpy as np
 
 from onnxplug.ep import DeviceTensor, Kernel, KernelContext, KernelInfo, current_scratch, dtypes
 
-from ..launch import _NOOP
+from ..launch import _NOOP, bound_calls, function_launch
 
 FLOATS = dtypes("float32", "float16", "float64")
 SIGNED_INTS = dtypes("int8", "int16", "int32", "int64")
@@ -186,6 +186,54 @@ class CudaKernel(Kernel):
             ctx.set_output(i, arr)  # a host output (CPU_OUTPUT)
             return
         ctx.set_output(i, self.be.wrap(arr, dtype))
+
+
+class CallListKernel(CudaKernel):
+    """A kernel whose work is a list of calls made by ``calls(ctx, stream)``: ``compute`` runs
+    them in order (``stream`` None: CuPy's calls on the current stream); ``prepare`` binds them
+    (``stream``: the raw handle launches are packed for; temporaries from the frame's
+    workspace). The helpers below make either form of a call."""
+
+    def calls(self, ctx: KernelContext, stream: int | None) -> list[Any]:
+        raise NotImplementedError
+
+    def compute(self, ctx: KernelContext) -> None:
+        for call in self.calls(ctx, None):
+            call()
+
+    def prepare(self, ctx: KernelContext) -> Callable[[], None] | None:
+        calls = self.calls(ctx, self.stream_handle(ctx))
+        if any(c is None for c in calls):
+            return None  # a call without a prepared form: compute runs instead
+        return bound_calls(calls)
+
+    def buffer(self, ctx: KernelContext, shape: tuple, dtype: Any, stream: int | None) -> Any:
+        """A temporary array: the frame's workspace for a prepared call, else CuPy's memory
+        (the provider's, through its allocator hook)."""
+        if stream is None:
+            return self.xp.empty(shape, dtype)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return self.be.array_at(ctx.workspace(nbytes), shape, dtype, ctx)
+
+    def elementwise(self, kernel: Any, args: tuple, stream: int | None) -> Any:
+        """An ``_fused.Elementwise`` call over ``args`` (inputs, then outputs)."""
+        if stream is None:
+            return lambda: kernel(self.xp, *args)
+        return kernel.bind(self.xp, *args, stream=stream)
+
+    def module_call(
+        self, module: Any, name: str, grid: tuple, block: tuple, args: tuple, stream: Any, twin: Any
+    ) -> Any:
+        """A call of function ``name`` of a row module (``_fused.row_module``); ``twin(*args)``
+        under the simulation. None among ``args`` is a null pointer."""
+        xp = self.xp
+        if xp is np:
+            return lambda: twin(*args)
+        fn = module.function(xp, name)
+        if stream is None:
+            null = tuple(np.uint64(0) if a is None else a for a in args)
+            return lambda: fn(grid, block, null)
+        return function_launch(fn, grid, block, args, stream)
 
 
 def node_graph(kernel: CudaKernel, ctx: KernelContext, work: Callable[[], None]) -> Any:

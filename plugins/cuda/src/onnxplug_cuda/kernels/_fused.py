@@ -452,6 +452,12 @@ UNARY_FLOAT: dict[str, tuple[str, Callable[..., Any], tuple[str, ...]]] = {
         lambda v: 0.5 * v * (1 + np.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * v**3))),
         (),
     ),
+    # com.microsoft QuickGelu, the CPU provider's formula (large negative v: v / inf = -0)
+    "QuickGelu": (
+        "v / (W(1) + exp(-(W(alpha) * v)))",
+        lambda v, alpha: v / (1 + np.exp(-(alpha * v))),
+        ("alpha",),
+    ),
     # Sign of a float: +-1, zeros and NaN unchanged (bfloat16 only; other dtypes use xp.sign)
     "Sign": (
         "v > W(0) ? W(1) : (v < W(0) ? W(-1) : v)",
@@ -899,6 +905,19 @@ class _RowModule:
 
 
 ROWS = _RowModule()
+
+# storage key -> the C compute type W of its traits
+WIDE_C = {"f32": "float", "f64": "double", "f16": "float", "bf16": "float"}
+
+
+def row_module(src: str, entry: str) -> _RowModule:
+    """A module of ``ROWS_SRC`` (traits, block reductions) and ``src``, with ``entry`` formatted
+    once per storage type: ``{k}`` its key, ``{Tr}`` its traits, ``{S}`` the stored C type and
+    ``{W}`` the compute type."""
+    entries = "".join(
+        entry.format(k=k, Tr=tr, S=c, W=WIDE_C[k]) for k, (tr, c) in ROW_TYPES.items()
+    )
+    return _RowModule(ROWS_SRC + src + entries)
 
 
 def function_devices() -> list[int]:

@@ -75,14 +75,7 @@ extern "C" __global__ void oxa_softmax_{k}({S}* x, const {W}* bias, long long b0
   oxa_softmax<{Tr}>(x, bias, b0, b1, b2, b3, heads, S, T, causal, filter, zero_nan);
 }}
 """
-_WIDE_C = {"f32": "float", "f64": "double", "f16": "float", "bf16": "float"}
-SOFTMAX_ROWS = F._RowModule(
-    F.ROWS_SRC
-    + _SOFTMAX_SRC
-    + "".join(
-        _SOFTMAX_ENTRY.format(k=k, Tr=tr, S=c, W=_WIDE_C[k]) for k, (tr, c) in F.ROW_TYPES.items()
-    )
-)
+SOFTMAX_ROWS = F.row_module(_SOFTMAX_SRC, _SOFTMAX_ENTRY)
 
 
 def masked_softmax_np(

@@ -9,6 +9,13 @@ provider's ``contrib`` kernels are the reference): one kernel launch per fused n
   output, and to ``input_skip_bias_sum`` when asked), then the mean and the variance in two
   passes over the row (no cancellation), then the affine step in place. ``skip`` of shape
   (..., S, H) repeating over the leading dims is read in place; other broadcasts are made dense.
+* ``com.microsoft`` ``QuickGelu`` (``alpha``): ``_fused``'s unary float kernel.
+* ``com.microsoft`` ``EmbedLayerNormalization``: a gather-sum row kernel (NaN rows for ids out
+  of range), then the LayerNormalization row kernel of ``_fused``; ``mask_index`` one launch.
+* ``com.microsoft`` ``MatMulNBits``: the 2..8-bit blocks dequantized into a scratch weight by
+  one kernel, then one GEMM with the bias epilogue.
+* ``com.microsoft`` ``BiasSoftmax(data, bias)`` (``axis``): the sum in float32 (float64), then
+  ``_fused``'s softmax row kernel over the dims from ``axis`` on, then one rounding.
 * ``ai.onnxplug`` ``MatMulBias``: one cuBLASLt GEMM over ``A`` folded to (rows, K), with the
   BIAS, RELU_BIAS or GELU_BIAS epilogue. cuBLASLt's GELU epilogue is the tanh approximation
   (FastGelu) and it has no erf GELU epilogue, so ``activation="Gelu"`` is the BIAS epilogue and
@@ -31,7 +38,8 @@ from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shape
 from .. import blas
 from ..launch import bound_calls, function_launch
 from . import _fused as F
-from ._base import BF16, CudaKernel
+from ._base import BF16, CallListKernel, CudaKernel
+from .elementwise import FloatUnary
 
 MS = "com.microsoft"
 PLUG = "ai.onnxplug"
@@ -157,6 +165,14 @@ class BiasGelu(_GeluBase):
 
 class FastGelu(_GeluBase):
     plain, with_bias = FAST_GELU, FAST_GELU_BIAS
+
+
+class QuickGelu(FloatUnary):
+    """``x * sigmoid(alpha * x)`` (``alpha`` 1.702): ``_fused``'s unary kernel of the CPU
+    provider's formula ``x / (1 + exp(-alpha * x))``."""
+
+    op = "QuickGelu"
+    defaults = (1.702,)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,6 +362,457 @@ class SkipLayerNormalization(_Typed):
 
 
 # ---------------------------------------------------------------------------------------------
+# BiasSoftmax: the sum in the compute type, then ``_fused``'s softmax row kernel
+
+
+def _add_wide_np(x: np.ndarray, b: np.ndarray, s: np.ndarray) -> None:
+    np.copyto(s, F.widen(x) + F.widen(b), casting="unsafe")
+
+
+# s = x + b in the compute type (float32; float64 for float64), broadcast by the kernel
+ADD_WIDE = F.Elementwise("T x, T b", "W s", "s = W(x) + W(b);", "oxc_add_wide", _add_wide_np)
+ADD_WIDE_BF16 = F.Elementwise(
+    "uint16 x, uint16 b",
+    "float32 s",
+    "s = ox_bf16_ld(x) + ox_bf16_ld(b);",
+    "oxc_add_wide_bf16",
+    _add_wide_np,
+    F.BF16_PRE,
+)
+
+
+class BiasSoftmax(_Typed, CallListKernel):
+    """Softmax of ``data + bias`` (broadcast) over all the dims from ``axis`` on, as the CPU
+    provider computes it: the sum and the softmax in float32 (float64 for float64) and one
+    rounding at the end. float32/float64 sum into the output and normalize it in place;
+    float16/bfloat16 go through a float32 buffer and a conversion: three launches."""
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        a, b = graph.input_dtypes(node)[:2]
+        return a is None or b is None or a == b
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.axis = int(info.attr("axis", 1))
+
+    def calls(self, ctx: KernelContext, stream: int | None) -> list[Any]:
+        x, b = self.arg(ctx, 0), self.arg(ctx, 1)
+        dt = self.dtype_of(ctx)
+        shape = shapes.broadcast_shapes(x.shape, b.shape)
+        rank = len(shape)
+        if not -rank <= self.axis < rank:
+            raise ValueError(
+                f"BiasSoftmax node '{self.info.name}': axis {self.axis} is out of range for "
+                f"rank {rank}"
+            )
+        axis = self.axis + rank if self.axis < 0 else self.axis
+        y = self.alloc(ctx, 0, shape, dt)
+        if y.size == 0:
+            return []
+        bf16 = self.is_bf16(ctx)
+        wide = np.dtype(np.float64 if dt == np.float64 else np.float32)
+        s = y if wide == dt else self.buffer(ctx, shape, wide, stream)
+        outer, n = shapes.size_of(shape[:axis]), shapes.size_of(shape[axis:])
+        calls = [
+            self.elementwise(ADD_WIDE_BF16 if bf16 else ADD_WIDE, (x, b, s), stream),
+            F.softmax_call(self.xp, s, s, outer, n, 1, F.storage_key(wide), False, stream),
+        ]
+        if s is not y:
+            calls.append(self.elementwise(F.F32_TO_BF16 if bf16 else F.CAST, (s, y), stream))
+        return calls
+
+
+# ---------------------------------------------------------------------------------------------
+# EmbedLayerNormalization: a gather-sum row kernel, then LayerNormalization's row kernel
+
+_EMBED_SRC = r"""
+// One block per token t = b * seq + j: s[t] = word[ids[t]] + pos[p] (+ seg[seg_ids[t]]) in W,
+// p = pos_ids[t] (batched position ids), pos_ids[j], or j. A token with an index out of range
+// gets a NaN row (the CPU provider raises for word and segment ids; nothing is read out of
+// bounds here, and checking on the host would synchronise every run).
+template <class Tr>
+__device__ void oxc_embed_sum(const int* __restrict__ ids, const int* __restrict__ seg_ids,
+                              const int* __restrict__ pos_ids, int pos_batched,
+                              const typename Tr::S* __restrict__ word,
+                              const typename Tr::S* __restrict__ pos,
+                              const typename Tr::S* __restrict__ seg, typename Tr::W* __restrict__ s,
+                              long long seq, long long hidden, long long vocab, long long npos,
+                              long long nseg) {
+  typedef typename Tr::W W;
+  const long long t = blockIdx.x;
+  const long long j = t % seq;
+  const long long id = ids[t];
+  const long long p = pos_ids ? (long long)pos_ids[pos_batched ? t : j] : j;
+  const bool with_seg = seg != 0 && seg_ids != 0;
+  const long long g = with_seg ? (long long)seg_ids[t] : 0;
+  const bool bad = id < 0 || id >= vocab || p < 0 || p >= npos || g < 0 || (with_seg && g >= nseg);
+  W* sr = s + t * hidden;
+  for (long long c = threadIdx.x; c < hidden; c += blockDim.x) {
+    if (bad) {
+      sr[c] = W(nan(""));
+      continue;
+    }
+    W v = Tr::ld(word[id * hidden + c]) + Tr::ld(pos[p * hidden + c]);
+    if (with_seg) v += Tr::ld(seg[g * hidden + c]);
+    sr[c] = v;
+  }
+}
+
+// mask_index: each batch row's count of mask values (their sum), 0 without a mask
+extern "C" __global__ void oxc_mask_count(const int* __restrict__ mask, int* __restrict__ out,
+                                          long long seq) {
+  __shared__ int sh[32];
+  const long long b = blockIdx.x;
+  int acc = 0;
+  if (mask)
+    for (long long c = threadIdx.x; c < seq; c += blockDim.x) acc += mask[b * seq + c];
+  acc = ox_block_sum(acc, sh);
+  if (threadIdx.x == 0) out[b] = acc;
+}
+"""
+
+_EMBED_ENTRY = r"""
+extern "C" __global__ void oxc_embed_sum_{k}(const int* ids, const int* seg_ids, const int* pos_ids,
+    int pos_batched, const {S}* word, const {S}* pos, const {S}* seg, {W}* s, long long seq,
+    long long hidden, long long vocab, long long npos, long long nseg) {{
+  oxc_embed_sum<{Tr}>(ids, seg_ids, pos_ids, pos_batched, word, pos, seg, s, seq, hidden, vocab,
+                      npos, nseg);
+}}
+"""
+EMBED_ROWS = F.row_module(_EMBED_SRC, _EMBED_ENTRY)
+
+
+def _embed_sum_np(ids, seg_ids, pos_ids, pos_batched, word, pos, seg, s, *sizes: Any) -> None:
+    """The gather-sum kernel's twin (``sizes``: seq, hidden, vocab, npos, nseg as int64)."""
+    seq, hidden, vocab, npos, nseg = (int(v) for v in sizes)
+    tokens = ids.size
+    j = np.arange(tokens) % seq
+    idx = ids.reshape(-1).astype(np.int64)
+    if pos_ids is None:
+        p = j
+    else:
+        p = pos_ids.reshape(-1).astype(np.int64)[np.arange(tokens) if pos_batched else j]
+    with_seg = seg is not None and seg_ids is not None
+    g = seg_ids.reshape(-1).astype(np.int64) if with_seg else np.zeros(tokens, np.int64)
+    bad = (idx < 0) | (idx >= vocab) | (p < 0) | (p >= npos) | (g < 0)
+    if with_seg:
+        bad |= g >= nseg
+    ok = ~bad
+    out = s.reshape(tokens, hidden)
+    v = F.widen(word)[np.where(ok, idx, 0)] + F.widen(pos)[np.where(ok, p, 0)]
+    if with_seg:
+        v += F.widen(seg)[np.where(ok, g, 0)]
+    v[bad] = np.nan
+    np.copyto(out, v, casting="unsafe")
+
+
+def _mask_count_np(mask: Any, out: np.ndarray, seq: Any) -> None:
+    if mask is None:
+        out[...] = 0
+    else:
+        np.sum(mask.astype(np.int32), axis=1, dtype=np.int32, out=out)
+
+
+def _affine_np(s: np.ndarray, g: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
+    z = s * F.widen(g)
+    z += F.widen(b)
+    np.copyto(y, z, casting="unsafe")
+
+
+# y = s * gamma + beta from a float32 row-normalized buffer, rounded once to 16 bits (the two
+# IEEE steps of the CPU provider, no contraction into an FMA)
+AFFINE_16 = F.Elementwise(
+    "float32 s, T g, T b",
+    "T y",
+    "y = T(__fadd_rn(__fmul_rn(s, float(g)), float(b)));",
+    "oxc_affine16",
+    _affine_np,
+)
+AFFINE_BF16 = F.Elementwise(
+    "float32 s, uint16 g, uint16 b",
+    "uint16 y",
+    "y = ox_bf16_st(__fadd_rn(__fmul_rn(s, ox_bf16_ld(g)), ox_bf16_ld(b)));",
+    "oxc_affine_bf16",
+    _affine_np,
+    F.BF16_PRE,
+)
+
+
+class EmbedLayerNormalization(CallListKernel):
+    """com.microsoft EmbedLayerNormalization (int32 ids, segment ids, mask and position ids):
+    inputs input_ids, segment_ids?, word_embedding, position_embedding, segment_embedding?,
+    gamma, beta, mask?, position_ids?; outputs output, mask_index?, embedding_sum?.
+
+    The sum in float32 (float64 for float64) like the CPU provider, then LayerNormalization
+    over the hidden axis: float32/float64 sum into the output (or ``embedding_sum``) and
+    normalize with gamma and beta; float16/bfloat16 sum into a float32 buffer, normalize it in
+    place and apply gamma and beta while rounding once. ``mask_index`` is one more launch."""
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        ins = node.inputs
+        return len(ins) > 6 and bool(ins[6])  # beta given (the affine kernels take one)
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.eps = float(info.attr("epsilon", 1e-12))
+        self.where = f"EmbedLayerNormalization node '{info.name}'"
+        self._checked: set[tuple] = set()
+
+    def _check(self, ids, seg_ids, word, pos, seg, gamma, beta, mask, pos_ids) -> None:
+        key = tuple(None if v is None else v.shape for v in (ids, seg_ids, word, pos, seg))
+        key += tuple(None if v is None else v.shape for v in (gamma, beta, mask, pos_ids))
+        if key in self._checked:
+            return
+        if ids.ndim != 2:
+            raise ValueError(
+                f"{self.where}: input_ids must be [batch, sequence], got {list(ids.shape)}"
+            )
+        hidden = word.shape[-1] if word.ndim == 2 else -1
+        tables = (("word_embedding", word), ("position_embedding", pos), ("segment_embedding", seg))
+        for name, t in tables:
+            if t is not None and (t.ndim != 2 or t.shape[1] != hidden):
+                raise ValueError(
+                    f"{self.where}: {name} must be [rows, {hidden}], got {list(t.shape)}"
+                )
+        for name, v in (("gamma", gamma), ("beta", beta)):
+            if v.shape != (hidden,):
+                raise ValueError(
+                    f"{self.where}: {name} must have shape ({hidden},), got {list(v.shape)}"
+                )
+        for name, v in (("segment_ids", seg_ids), ("mask", mask)):
+            if v is not None and v.shape != ids.shape:
+                raise ValueError(
+                    f"{self.where}: {name} must have input_ids' shape {list(ids.shape)}"
+                )
+        batch, seq = ids.shape
+        if pos_ids is not None and pos_ids.shape not in ((seq,), (1, seq), (batch, seq)):
+            raise ValueError(
+                f"{self.where}: position_ids must be [{seq}], [1, {seq}] or [{batch}, {seq}], got "
+                f"{list(pos_ids.shape)}"
+            )
+        self._checked.add(key)
+
+    def calls(self, ctx: KernelContext, stream: int | None) -> list[Any]:
+        xp = self.xp
+        ids, seg_ids, word, pos, seg, gamma, beta, mask, pos_ids = (
+            self.arg(ctx, i) for i in range(9)
+        )
+        self._check(ids, seg_ids, word, pos, seg, gamma, beta, mask, pos_ids)
+        batch, seq = ids.shape
+        hidden = word.shape[1]
+        dt = self.info.input_dtype(2)
+        if dt is None:
+            dt = ctx.input(2).dtype
+        y = self.alloc(ctx, 0, (batch, seq, hidden), dt)
+        counts = self.alloc(ctx, 1, (batch,), np.int32) if ctx.has_output(1) else None
+        total = self.alloc(ctx, 2, (batch, seq, hidden), dt) if ctx.has_output(2) else None
+        calls: list[Any] = []
+        if counts is not None and batch:
+            calls.append(
+                self.module_call(
+                    EMBED_ROWS,
+                    "oxc_mask_count",
+                    (batch,),
+                    (F.block_size(seq),),
+                    (mask, counts, np.int64(seq)),
+                    stream,
+                    _mask_count_np,
+                )
+            )
+        tokens = batch * seq
+        if tokens == 0 or hidden == 0:
+            return calls
+        wide = np.dtype(np.float64 if dt == np.float64 else np.float32)
+        if wide == dt:
+            s = total if total is not None else y
+        else:
+            s = self.buffer(ctx, y.shape, wide, stream)
+        key = F.storage_key(dt)
+        pos_batched = pos_ids is not None and pos_ids.ndim == 2 and pos_ids.shape[0] != 1
+        args = (
+            ids, seg_ids, pos_ids, np.int32(pos_batched), word, pos, seg, s,
+            np.int64(seq), np.int64(hidden), np.int64(word.shape[0]), np.int64(pos.shape[0]),
+            np.int64(0 if seg is None else seg.shape[0]),
+        )  # fmt: skip
+        calls.append(
+            self.module_call(
+                EMBED_ROWS,
+                "oxc_embed_sum_" + key,
+                (tokens,),
+                (F.block_size(hidden),),
+                args,
+                stream,
+                _embed_sum_np,
+            )
+        )
+        s2 = s.reshape(tokens, hidden)
+        if wide == dt:
+            y2 = y.reshape(tokens, hidden)
+            calls.append(
+                F.rownorm(
+                    xp, s2, y2, tokens, hidden, self.eps, key, gamma, beta, mode=1, stream=stream
+                )
+            )
+            return calls
+        bf16 = dt.name == "bfloat16"
+        if total is not None:
+            back = F.F32_TO_BF16 if bf16 else F.CAST
+            calls.append(self.elementwise(back, (s, total), stream))
+        calls.append(F.rownorm(xp, s2, s2, tokens, hidden, self.eps, "f32", stream=stream))
+        affine = AFFINE_BF16 if bf16 else AFFINE_16
+        calls.append(self.elementwise(affine, (s, gamma, beta, y), stream))
+        return calls
+
+
+# ---------------------------------------------------------------------------------------------
+# MatMulNBits: the blocks dequantized into a scratch weight, then one GEMM
+
+_NBITS_SRC = r"""
+// W[n, k] = (q - zp) * scale, one thread per element (grid-stride): q is value k of row n's
+// bit stream (``bits`` bits per value, low bits first; a value may span two bytes), its block
+// g_idx[k] (act-order) or k / block. Zero points: packed like q, one per block (zp_u8), in the
+// scales' type (zp_f), or the middle of the range.
+template <class Tr>
+__device__ void oxc_nbits_dequant(const unsigned char* __restrict__ b,
+                                  const typename Tr::S* __restrict__ scales,
+                                  const unsigned char* __restrict__ zp_u8,
+                                  const typename Tr::S* __restrict__ zp_f,
+                                  const int* __restrict__ g_idx, typename Tr::S* __restrict__ w,
+                                  long long n_rows, long long k_cols, long long blocks,
+                                  long long block, int bits, long long zp_row_bytes) {
+  typedef typename Tr::W W;
+  const long long total = n_rows * k_cols;
+  const long long row_bytes = blocks * block * bits / 8;
+  const unsigned int mask = (1u << bits) - 1u;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long n = i / k_cols, k = i - n * k_cols;
+    const long long bit = k * bits;
+    const unsigned char* r = b + n * row_bytes + (bit >> 3);
+    unsigned int v = r[0];
+    if ((bit & 7) + bits > 8) v |= ((unsigned int)r[1]) << 8;
+    const W q = W((v >> (bit & 7)) & mask);
+    const long long blk = g_idx ? (long long)g_idx[k] : k / block;
+    W zp;
+    if (zp_u8) {
+      const long long zbit = blk * bits;
+      const unsigned char* zr = zp_u8 + n * zp_row_bytes + (zbit >> 3);
+      unsigned int z = zr[0];
+      if ((zbit & 7) + bits > 8) z |= ((unsigned int)zr[1]) << 8;
+      zp = W((z >> (zbit & 7)) & mask);
+    } else if (zp_f) {
+      zp = Tr::ld(zp_f[n * blocks + blk]);
+    } else {
+      zp = W(1 << (bits - 1));
+    }
+    w[i] = Tr::st((q - zp) * Tr::ld(scales[n * blocks + blk]));
+  }
+}
+"""
+
+_NBITS_ENTRY = r"""
+extern "C" __global__ void oxc_nbits_dequant_{k}(const unsigned char* b, const {S}* scales,
+    const unsigned char* zp_u8, const {S}* zp_f, const int* g_idx, {S}* w, long long n_rows,
+    long long k_cols, long long blocks, long long block, int bits, long long zp_row_bytes) {{
+  oxc_nbits_dequant<{Tr}>(b, scales, zp_u8, zp_f, g_idx, w, n_rows, k_cols, blocks, block, bits,
+                          zp_row_bytes);
+}}
+"""
+NBITS_ROWS = F.row_module(_NBITS_SRC, _NBITS_ENTRY)
+
+
+def _bits_at(data: np.ndarray, base: np.ndarray, bit: np.ndarray, bits: int) -> np.ndarray:
+    """The ``bits``-bit values starting at bit ``bit`` of the bytes from ``base``: the kernel's
+    arithmetic (a second byte read only when the value spans it)."""
+    byte = base + (bit >> 3)
+    v = data[byte].astype(np.uint32)
+    spans = (bit & 7) + bits > 8
+    v[spans] |= data[byte[spans] + 1].astype(np.uint32) << 8
+    return (v >> (bit & 7).astype(np.uint32)) & np.uint32((1 << bits) - 1)
+
+
+def _nbits_dequant_np(b, scales, zp_u8, zp_f, g_idx, w, n, k, blocks, block, bits, zrow) -> None:
+    """The dequantization kernel's twin, element by element as the kernel indexes (the sizes as
+    numpy integers)."""
+    n, k, blocks, block, bits, zrow = (int(v) for v in (n, k, blocks, block, bits, zrow))
+    rows, cols = np.divmod(np.arange(n * k, dtype=np.int64), k)
+    q = _bits_at(b.reshape(-1), rows * (blocks * block * bits // 8), cols * bits, bits)
+    blk = cols // block if g_idx is None else g_idx.reshape(-1).astype(np.int64)[cols]
+    sc = F.widen(scales.reshape(-1))[rows * blocks + blk]
+    if zp_u8 is not None:
+        zp = _bits_at(zp_u8.reshape(-1), rows * zrow, blk * bits, bits).astype(sc.dtype)
+    elif zp_f is not None:
+        zp = F.widen(zp_f.reshape(-1))[rows * blocks + blk]
+    else:
+        zp = np.full(n * k, 1 << (bits - 1), sc.dtype)
+    np.copyto(w.reshape(-1), (q.astype(sc.dtype) - zp) * sc, casting="unsafe")
+
+
+class MatMulNBits(_Typed, CallListKernel):
+    """com.microsoft MatMulNBits(A, B, scales, zero_points?, g_idx?, bias?) (``K``, ``N``,
+    ``bits`` 2..8, ``block_size`` a power of 2 >= 16): W [N, K] dequantized into the frame's
+    workspace (a temporary when not prepared) in A's type, then ``A @ W^T (+ bias)`` as one
+    GEMM (the bias as its epilogue). The weight is dequantized on every run."""
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        bits, block = int(node.attrs.get("bits", 4)), int(node.attrs.get("block_size", 0))
+        # the CPU provider refuses other values with its error
+        return 2 <= bits <= 8 and block >= 16 and not block & (block - 1)
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.k, self.n = int(info.attr("K")), int(info.attr("N"))
+        self.bits, self.block = int(info.attr("bits", 4)), int(info.attr("block_size"))
+        self.blocks = -(-self.k // self.block)
+        self.where = f"MatMulNBits node '{info.name}'"
+        self.gemm = blas.engine_for(self.ep)
+        self.path = self.gemm.kind
+
+    def calls(self, ctx: KernelContext, stream: int | None) -> list[Any]:
+        a, b, scales, zp, g_idx, bias = (self.arg(ctx, i) for i in range(6))
+        n, k, blocks, bits = self.n, self.k, self.blocks, self.bits
+        if a.ndim == 0 or a.shape[-1] != k:
+            raise ValueError(f"{self.where}: A's last dim is {a.shape[-1:]}, K is {k}")
+        row_bytes = blocks * self.block * bits // 8
+        if b.size != n * row_bytes or scales.size != n * blocks:
+            raise ValueError(
+                f"{self.where}: B has {b.size} bytes and scales {scales.size} values; N={n}, "
+                f"K={k}, bits={bits} and block_size={self.block} need {n * row_bytes} and "
+                f"{n * blocks}"
+            )
+        packed_zp = zp is not None and np.dtype(zp.dtype) == np.uint8
+        zrow = -(-blocks * bits // 8)
+        if zp is not None and zp.size != (n * zrow if packed_zp else n * blocks):
+            raise ValueError(f"{self.where}: zero_points has {zp.size} values")
+        if bias is not None and bias.shape != (n,):
+            raise ValueError(f"{self.where}: bias must have shape ({n},), got {list(bias.shape)}")
+        dt = self.dtype_of(ctx)
+        y = self.alloc(ctx, 0, (*a.shape[:-1], n), dt)
+        if y.size == 0:
+            return []
+        w = self.buffer(ctx, (n, k), a.dtype, stream)  # a's storage (bfloat16: uint16)
+        args = (
+            b, scales, zp if packed_zp else None, None if packed_zp else zp, g_idx, w,
+            np.int64(n), np.int64(k), np.int64(blocks), np.int64(self.block), np.int32(bits),
+            np.int64(zrow),
+        )  # fmt: skip
+        grid = (min(-(-(n * k) // 256), 65535 * 8),)
+        name = "oxc_nbits_dequant_" + F.storage_key(dt)
+        calls = [self.module_call(NBITS_ROWS, name, grid, (256,), args, stream, _nbits_dequant_np)]
+        rows = shapes.size_of(a.shape[:-1])
+        a2, y2 = a.reshape(rows, k), y.reshape(rows, n)
+        kw = dict(trans_b=True, bias=bias, dtype=dt)
+        if stream is None:
+            calls.append(lambda: self.gemm(ctx, a2, w, y2, **kw))
+        else:
+            calls.append(self.gemm.prepare(ctx, a2, w, y2, **kw))
+        return calls
+
+
+# ---------------------------------------------------------------------------------------------
 # MatMulBias: one GEMM with an epilogue
 
 # activation -> (cuBLASLt epilogue with the bias, whether the erf Gelu kernel follows)
@@ -415,3 +882,13 @@ def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
         SkipLayerNormalization
     )
     reg.kernel("MatMulBias", domain=PLUG, since=1, types=by_index(GELU_TYPES, 3))(MatMulBias)
+    reg.kernel("QuickGelu", domain=MS, since=1, types=by_index(GELU_TYPES, 1))(QuickGelu)
+    reg.kernel("BiasSoftmax", domain=MS, since=1, types=by_index(GELU_TYPES, 2))(BiasSoftmax)
+    i32 = dtypes("int32")
+    embed_types = {0: i32, 1: i32, 7: i32, 8: i32, **{i: GELU_TYPES for i in range(2, 7)}}
+    reg.kernel("EmbedLayerNormalization", domain=MS, since=1, types=embed_types)(
+        EmbedLayerNormalization
+    )
+    u8 = dtypes("uint8")
+    nbits_types = {0: GELU_TYPES, 1: u8, 2: GELU_TYPES, 3: u8 + GELU_TYPES, 4: i32, 5: GELU_TYPES}
+    reg.kernel("MatMulNBits", domain=MS, since=1, types=nbits_types)(MatMulNBits)

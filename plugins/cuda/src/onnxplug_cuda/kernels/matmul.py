@@ -1,4 +1,5 @@
-"""MatMul, Gemm and MatMulInteger on the provider's GEMM engine (cuBLASLt; numpy in simulation).
+"""MatMul, Gemm, com.microsoft FusedMatMul and MatMulInteger on the provider's GEMM engine
+(cuBLASLt; numpy in simulation).
 
 MatMul follows numpy: 1-D operands are promoted (and the unit dim dropped from the result), batch
 dims broadcast. Gemm is ``alpha * A' @ B' + beta * C``. A C of shape (N,) or (1, N) with
@@ -131,6 +132,52 @@ class Gemm(_Gemm):
         return None
 
 
+class FusedMatMul(MatMul):
+    """com.microsoft FusedMatMul: ``alpha * op(A) @ op(B)``, op swapping the last two axes of
+    an operand of rank >= 2 (``transA``/``transB``), as the GEMM's own transposes and scale:
+    no Transpose is materialised. ``transBatchA``/``transBatchB`` other than 0 are not
+    claimed (the CPU provider refuses them with its error)."""
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        return not node.attrs.get("transBatchA", 0) and not node.attrs.get("transBatchB", 0)
+
+    def __init__(self, info: KernelInfo):
+        super().__init__(info)
+        self.alpha = float(info.attr("alpha", 1.0))
+        self.trans_a = bool(info.attr("transA", 0))
+        self.trans_b = bool(info.attr("transB", 0))
+        # (A, B shapes) -> (output shape, A and B as read, output as written); ``_shapes``
+        # holds MatMul's plans of the transposed shapes, another key space
+        self._calls: dict[tuple, tuple] = {}
+
+    def _call(self, ctx: KernelContext) -> tuple:
+        """(a, b, output, GEMM keywords) of one call, the operands as the engine reads them."""
+        a, b = self.arg(ctx, 0), self.arg(ctx, 1)
+        ta, tb = self.trans_a and a.ndim >= 2, self.trans_b and b.ndim >= 2
+        key = (a.shape, b.shape)
+        plan = self._calls.get(key)
+        if plan is None:
+            # the MatMul of the operands as op() makes them, and how their memory is read
+            la = (*a.shape[:-2], a.shape[-1], a.shape[-2]) if ta else a.shape
+            lb = (*b.shape[:-2], b.shape[-1], b.shape[-2]) if tb else b.shape
+            out, a2, b2, out2 = self._plan(la, lb)
+            pa = (*a2[:-2], a2[-1], a2[-2]) if ta else a2
+            pb = (*b2[:-2], b2[-1], b2[-2]) if tb else b2
+            plan = self._calls[key] = (out, pa, pb, out2)
+        y = self.alloc(ctx, 0, plan[0], self.dtype)
+        kw = dict(trans_a=ta, trans_b=tb, alpha=self.alpha, dtype=self.dtype)
+        return a.reshape(plan[1]), b.reshape(plan[2]), y.reshape(plan[3]), kw
+
+    def compute(self, ctx: KernelContext) -> None:
+        a, b, y, kw = self._call(ctx)
+        self.gemm(ctx, a, b, y, **kw)
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        a, b, y, kw = self._call(ctx)
+        return self.gemm.prepare(ctx, a, b, y, **kw)
+
+
 class MatMulInteger(MatMul):
     """int8/uint8 MatMul with zero points to int32, exact (float64 GEMM on integer values)."""
 
@@ -158,6 +205,9 @@ class MatMulInteger(MatMul):
 def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
     reg.kernel("MatMul", since=1, types={"T": FLOATS})(MatMul)
     reg.kernel("Gemm", since=1, types={"T": FLOATS})(Gemm)
+    reg.kernel("FusedMatMul", domain="com.microsoft", since=1, types={0: FLOATS, 1: FLOATS})(
+        FusedMatMul
+    )
     int8 = dtypes("int8", "uint8")
     reg.kernel("MatMulInteger", since=10, types={"T1": int8, "T2": int8, "T3": dtypes("int32")})(
         MatMulInteger

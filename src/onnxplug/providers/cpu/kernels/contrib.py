@@ -18,8 +18,7 @@ optimized by onnxruntime's tools): the reference the CUDA kernels are compared w
 * ``com.microsoft`` ``BiasSoftmax(data, bias)`` (``axis``): Softmax of ``data + bias``.
 * ``com.microsoft`` ``MatMulNBits(A, B, scales, zero_points?, g_idx?, bias?)``: A times the
   block-quantized (2..8-bit) weight, dequantized per block of ``block_size`` along K.
-* ``com.microsoft`` ``QuantizeLinear``/``DequantizeLinear``: the ONNX ops' per-tensor and
-  per-axis forms (``axis``), for 8- and 16-bit and 4-bit integers.
+* ``com.microsoft`` ``QuantizeLinear``/``DequantizeLinear``: in ``quantize``, with the ONNX ops.
 * ``ai.onnxplug`` ``MatMulBias(A, B, bias)`` (``activation`` "", "Relu", "Gelu", "FastGelu"):
   ``act(A @ B + bias)`` for an N-D ``A``, a 2-D ``B`` and a bias of B's column count.
 
@@ -173,13 +172,14 @@ class MatMulBias(Kernel):
 class QuickGelu(Kernel):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
-        self.alpha = float(info.attr("alpha", 1.702))
+        # a float attribute: onnxruntime's default is the float 1.702f, not the double
+        self.alpha = float(info.attr("alpha", np.float32(1.702)))
 
     def compute(self, ctx: KernelContext) -> None:
         x = ctx.input(0)
         w = wide(x)
         with np.errstate(over="ignore"):
-            y = w / (1 + np.exp(-self.alpha * w))
+            y = w / (1 + np.exp(-(self.alpha * w)))
         ctx.set_output(0, y.astype(x.dtype, copy=False))
 
 
@@ -344,52 +344,6 @@ class MatMulNBits(Kernel):
         ctx.set_output(0, y.astype(a.dtype, copy=False))
 
 
-def _per_axis(v: np.ndarray, x: np.ndarray, axis: int) -> np.ndarray:
-    """A scale or zero point shaped to broadcast along ``axis`` of ``x``."""
-    v = np.asarray(v)
-    if v.ndim == 0 or v.size == 1:
-        return v.reshape(())
-    shape = [1] * x.ndim
-    shape[axis if axis >= 0 else axis + x.ndim] = v.size
-    return v.reshape(shape)
-
-
-class ContribDequantizeLinear(Kernel):
-    def __init__(self, info: KernelInfo):
-        super().__init__(info)
-        self.axis = int(info.attr("axis", 1))
-
-    def compute(self, ctx: KernelContext) -> None:
-        x, scale, zp = ctx.input(0), ctx.input(1), ctx.input(2)
-        xs = x.astype(np.float32)
-        if zp is not None:
-            xs = xs - _per_axis(zp, x, self.axis).astype(np.float32)
-        y = xs * wide(_per_axis(scale, x, self.axis))
-        ctx.set_output(0, y.astype(scale.dtype, copy=False))
-
-
-class ContribQuantizeLinear(Kernel):
-    def __init__(self, info: KernelInfo):
-        super().__init__(info)
-        self.axis = int(info.attr("axis", 1))
-
-    def compute(self, ctx: KernelContext) -> None:
-        x, scale, zp = ctx.input(0), ctx.input(1), ctx.input(2)
-        dtype = np.asarray(zp).dtype if zp is not None else np.dtype(np.uint8)
-        q = np.rint(wide(x) / wide(_per_axis(scale, x, self.axis)))  # half to even
-        if zp is not None:
-            q += _per_axis(zp, x, self.axis).astype(np.float32)
-        info = np.iinfo(dtype) if dtype.kind in "iu" else None
-        lo, hi = (
-            (info.min, info.max)
-            if info
-            else (float(dtype.type(-np.inf)), float(dtype.type(np.inf)))
-        )
-        if dtype.name in ("int4", "uint4"):
-            lo, hi = (-8, 7) if dtype.name == "int4" else (0, 15)
-        ctx.set_output(0, np.clip(q, lo, hi).astype(dtype))
-
-
 def register(registry: KernelRegistry) -> None:
     registry.kernel("Gelu", domain=MS, since=1)(Gelu)
     registry.kernel("BiasGelu", domain=MS, since=1)(BiasGelu)
@@ -402,5 +356,3 @@ def register(registry: KernelRegistry) -> None:
     registry.kernel("EmbedLayerNormalization", domain=MS, since=1)(EmbedLayerNormalization)
     registry.kernel("BiasSoftmax", domain=MS, since=1)(BiasSoftmax)
     registry.kernel("MatMulNBits", domain=MS, since=1)(MatMulNBits)
-    registry.kernel("QuantizeLinear", domain=MS, since=1)(ContribQuantizeLinear)
-    registry.kernel("DequantizeLinear", domain=MS, since=1)(ContribDequantizeLinear)
