@@ -310,6 +310,8 @@ class CudaEp(Ep):
         with self._lock:
             streams = list(self._streams) + ([self._unified] if self._unified else [])
             graphs = list(self._graphs.values())
+        # a closed stream's handle is destroyed: only live ones are this provider's now
+        streams = [st for st in streams if not getattr(st, "closed", False)]
         for st in streams:
             o = getattr(st, "ordinal", st.device.id)
             out.append(("stream", o, st))
