@@ -60,6 +60,19 @@ def relu() -> bytes:
     )
 
 
+@pytest.fixture(autouse=True)
+def no_installed_cuda_plugin(monkeypatch):
+    """These scripts compare with onnxruntime on a machine without a usable GPU, as CI is: an
+    onnxplug-cuda installed here anyway (a developer's venv) is hidden from the registry for
+    the test, so that "not installed" is what both runtimes see. A usable one is left alone
+    (the tests that need its absence skip)."""
+    from onnxplug.ep.loader import REGISTRY
+
+    if CUDA not in ox.get_available_providers():
+        REGISTRY.libraries()  # entry points discovered first, so that the removal sticks
+        monkeypatch.delitem(REGISTRY._libs, CUDA, raising=False)
+
+
 @pytest.fixture
 def cuda_without_gpu():
     """The real CUDA plugin, registered from the source tree on this GPU-less machine."""
