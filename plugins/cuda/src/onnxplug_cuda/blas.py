@@ -211,6 +211,53 @@ def _ptr(arr: Any) -> int:
     return int(arr.data.ptr)
 
 
+def _pointers(a: Any, b: Any, out: Any, c: Any) -> tuple[int, int, int, int]:
+    """Device pointers of A, B, C (D's when C is absent or D itself) and D."""
+    pd = _ptr(out)
+    return _ptr(a), _ptr(b), pd if c is None or c is out else _ptr(c), pd
+
+
+def _alignments(geo: Any, ptrs: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """The pointers' alignments in cuBLASLt's operand order (B, A, C, D), capped by what the
+    batch strides allow: the lowest set bit of (ptr | cap)."""
+    pa, pb, pc, pd = ptrs
+    s0, s1, s2, s3 = geo.sal
+    return (
+        (pb | s0) & -(pb | s0),
+        (pa | s1) & -(pa | s1),
+        (pc | s2) & -(pc | s2),
+        (pd | s3) & -(pd | s3),
+    )
+
+
+def _call_args(stream: Any, geo: Any, plan: Any, sc: tuple, ptrs: tuple, ws_ptr: int) -> list:
+    """``cublasLtMatmul``'s arguments, one tuple per batch looped over (``geo.offsets``); the
+    library's A is our B and its B our A (see the module docstring)."""
+    pa, pb, pc, pd = ptrs
+    handle, sh = stream.cublaslt, stream.handle
+    return [
+        (
+            handle,
+            plan.desc,
+            sc[0],
+            pb + ob,
+            plan.la,
+            pa + oa,
+            plan.lb,
+            sc[1],
+            pc + od,
+            plan.lc,
+            pd + od,
+            plan.ld,
+            plan.algo_ptr,
+            ws_ptr,
+            plan.ws,
+            sh,
+        )
+        for oa, ob, od in geo.offsets
+    ]
+
+
 class _Geo:
     """One call signature: the plan key without pointer alignments, the alignment the batch
     strides allow per operand, the byte offsets of the batches looped over in Python, the
@@ -401,50 +448,14 @@ class LtGemm:
                 geo = self._geometry(gkey)
         if geo is None:
             return None
-        pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
-        pc = pd if c is None or c is out else _ptr(c)
-        s0, s1, s2, s3 = geo.sal
-        al = (
-            (pb | s0) & -(pb | s0),
-            (pa | s1) & -(pa | s1),
-            (pc | s2) & -(pc | s2),
-            (pd | s3) & -(pd | s3),
-        )
+        ptrs = _pointers(a, b, out, c)
         bias_ptr = _ptr(bias) if bias is not None else 0
-        plan = self._build(ctx, (*geo.key, *al), bias_ptr)  # this node's own descriptor
-        sk = (geo.scale, alpha, beta if c is not None else 0.0)
-        sc = self._scalars.get(sk)
-        if sc is None:
-            arrs = (np.array([alpha], geo.scale), np.array([sk[2]], geo.scale))
-            sc = self._scalars[sk] = (arrs[0].ctypes.data, arrs[1].ctypes.data, arrs)
+        plan = self._build(ctx, (*geo.key, *_alignments(geo, ptrs)), bias_ptr)  # the node's own
+        sc = self._scalar_ptrs(geo, alpha, beta if c is not None else 0.0)
         ws_ptr = ctx.workspace(plan.ws) if plan.ws else 0  # the frame's, shared by calls
-        ws = None
-        stream = ctx.stream
-        handle, sh = stream.cublaslt, stream.handle
-        c_is_d = c is None or c is out
-        calls = [
-            (
-                handle,
-                plan.desc,
-                sc[0],
-                pb + ob,
-                plan.la,
-                pa + oa,
-                plan.lb,
-                sc[1],
-                pd + od if c_is_d else pc + od,
-                plan.lc,
-                pd + od,
-                plan.ld,
-                plan.algo_ptr,
-                ws_ptr,
-                plan.ws,
-                sh,
-            )
-            for oa, ob, od in geo.offsets
-        ]
+        calls = _call_args(ctx.stream, geo, plan, sc, ptrs, ws_ptr)
         matmul = self.L.matmul
-        keep = (plan, ws, sc)
+        keep = (plan, sc)
         if len(calls) == 1:
             (args,) = calls
 
@@ -460,6 +471,15 @@ class LtGemm:
 
         batches.keep = keep  # type: ignore[attr-defined]
         return batches
+
+    def _scalar_ptrs(self, geo: _Geo, alpha: float, beta: float) -> tuple:
+        """Host pointers to alpha and beta in the plan's scale type (kept for the process)."""
+        sk = (geo.scale, alpha, beta)
+        sc = self._scalars.get(sk)
+        if sc is None:
+            arrs = (np.array([alpha], geo.scale), np.array([beta], geo.scale))
+            sc = self._scalars[sk] = (arrs[0].ctypes.data, arrs[1].ctypes.data, arrs)
+        return sc
 
     def _fallback(self, a, b, out, trans_a, trans_b, alpha, beta, c, bias, epilogue, dt) -> None:
         stats["xp"] += 1
@@ -618,52 +638,19 @@ class LtGemm:
         c: Any,
         bias: Any,
     ) -> None:
-        pa, pb, pd = _ptr(a), _ptr(b), _ptr(out)
-        pc = pd if c is None or c is out else _ptr(c)
-        s0, s1, s2, s3 = geo.sal
-        # the pointers' alignment (capped by the strides'): the lowest set bit of (ptr | cap)
-        al = (
-            (pb | s0) & -(pb | s0),
-            (pa | s1) & -(pa | s1),
-            (pc | s2) & -(pc | s2),
-            (pd | s3) & -(pd | s3),
-        )
+        ptrs = _pointers(a, b, out, c)
+        al = _alignments(geo, ptrs)
         plan = geo.plans.get(al)
         if plan is None:
             plan = self._plan(ctx, geo, al, _ptr(bias) if bias is not None else 0)
         if plan is False:
             raise RuntimeError("cuBLASLt has no algorithm for this GEMM (cached)")
         L = self.L
-        sk = (geo.scale, alpha, beta if c is not None else 0.0)
-        sc = self._scalars.get(sk)
-        if sc is None:
-            arrs = (np.array([alpha], geo.scale), np.array([sk[2]], geo.scale))
-            sc = self._scalars[sk] = (arrs[0].ctypes.data, arrs[1].ctypes.data, arrs)
+        sc = self._scalar_ptrs(geo, alpha, beta if c is not None else 0.0)
         ws = ctx.scratch(plan.ws) if plan.ws else None
         ws_ptr = int(ws.ptr) if ws is not None else 0
-        stream = ctx.stream
-        handle, sh = stream.cublaslt, stream.handle
         bias_ptr = _ptr(bias) if bias is not None else 0
-        c_is_d = c is None or c is out
-        for oa, ob, od in geo.offsets:
-            args = (
-                handle,
-                plan.desc,
-                sc[0],
-                pb + ob,
-                plan.la,
-                pa + oa,
-                plan.lb,
-                sc[1],
-                pd + od if c_is_d else pc + od,
-                plan.lc,
-                pd + od,
-                plan.ld,
-                plan.algo_ptr,
-                ws_ptr,
-                plan.ws,
-                sh,
-            )
+        for args in _call_args(ctx.stream, geo, plan, sc, ptrs, ws_ptr):
             if bias is None:
                 L.matmul(*args)
             else:

@@ -86,24 +86,32 @@ class Gemm(_Gemm):
         # a fusion pass may set this to "RELU" or "GELU" (tanh) for Gemm + Relu/Gelu
         self.activation: str | None = None
 
-    def compute(self, ctx: KernelContext) -> None:
+    def _operands(self, ctx: KernelContext) -> tuple:
+        """A, B, C, the output Y (M, N) and the GEMM's keyword arguments."""
         a, b, c = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
         M = a.shape[1] if self.trans_a else a.shape[0]
         N = b.shape[0] if self.trans_b else b.shape[1]
         y = self.alloc(ctx, 0, (M, N), self.dtype)
         kw: dict[str, Any] = dict(
-            trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, dtype=self.dtype
+            trans_a=self.trans_a,
+            trans_b=self.trans_b,
+            alpha=self.alpha,
+            dtype=self.dtype,
+            epilogue=self.activation,
         )
-        epi = self.activation
+        return a, b, c, y, M, N, kw
+
+    def compute(self, ctx: KernelContext) -> None:
+        a, b, c, y, M, N, kw = self._operands(ctx)
         if c is None or self.beta == 0 or c.size == 0:
-            self.gemm(ctx, a, b, y, epilogue=epi, **kw)
+            self.gemm(ctx, a, b, y, **kw)
             return
         if not shapes.unidirectional_broadcastable(c.shape, (M, N)):
             raise ValueError(f"Gemm: C {c.shape} does not broadcast to {(M, N)}")
         if c.shape == (M, N):
-            self.gemm(ctx, a, b, y, beta=self.beta, c=c, epilogue=epi, **kw)
+            self.gemm(ctx, a, b, y, beta=self.beta, c=c, **kw)
         elif self.beta == 1 and c.ndim >= 1 and c.shape[-1] == N and c.size == N:
-            self.gemm(ctx, a, b, y, bias=c.reshape(N), epilogue=epi, **kw)
+            self.gemm(ctx, a, b, y, bias=c.reshape(N), **kw)
         else:
             xp = self.xp
             if self.beta == 1:
@@ -112,23 +120,16 @@ class Gemm(_Gemm):
                 blas.store(xp, blas.widen(xp, c, self.dtype) * self.beta, y, self.dtype)
             else:
                 xp.multiply(c, self.beta, out=y)
-            self.gemm(ctx, a, b, y, beta=1.0, c=y, epilogue=epi, **kw)
+            self.gemm(ctx, a, b, y, beta=1.0, c=y, **kw)
 
     def prepare(self, ctx: KernelContext) -> Any:
-        a, b, c = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
-        M = a.shape[1] if self.trans_a else a.shape[0]
-        N = b.shape[0] if self.trans_b else b.shape[1]
-        y = self.alloc(ctx, 0, (M, N), self.dtype)
-        kw: dict[str, Any] = dict(
-            trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, dtype=self.dtype
-        )
-        epi = self.activation
+        a, b, c, y, M, N, kw = self._operands(ctx)
         if c is None or self.beta == 0 or c.size == 0:
-            return self.gemm.prepare(ctx, a, b, y, epilogue=epi, **kw)
+            return self.gemm.prepare(ctx, a, b, y, **kw)
         if c.shape == (M, N):
-            return self.gemm.prepare(ctx, a, b, y, beta=self.beta, c=c, epilogue=epi, **kw)
+            return self.gemm.prepare(ctx, a, b, y, beta=self.beta, c=c, **kw)
         if self.beta == 1 and c.ndim >= 1 and c.shape[-1] == N and c.size == N:
-            return self.gemm.prepare(ctx, a, b, y, bias=c.reshape(N), epilogue=epi, **kw)
+            return self.gemm.prepare(ctx, a, b, y, bias=c.reshape(N), **kw)
         return None
 
 
