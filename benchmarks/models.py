@@ -262,8 +262,8 @@ def tiny_replay_us(runs: int = 2000) -> dict[str, float]:
     return out
 
 
-def bench_torch(name: str, feeds: dict[str, np.ndarray], runs: int, fp16: bool) -> dict[str, float]:
-    """PyTorch eager and one captured CUDA graph replayed, on the same GPU in the same run."""
+def torch_model(name: str, feeds: dict[str, np.ndarray], fp16: bool) -> Any:
+    """The PyTorch model behind an export, on the GPU, as a call on ``feeds`` (as tensors)."""
     import torch
 
     torch.manual_seed(0)
@@ -291,6 +291,14 @@ def bench_torch(name: str, feeds: dict[str, np.ndarray], runs: int, fp16: bool) 
         call = lambda: m(input_ids=tf["input_ids"], attention_mask=tf["attention_mask"])  # noqa: E731
     else:
         call = lambda: m(input_ids=tf["input_ids"], use_cache=False)  # noqa: E731
+    return call
+
+
+def bench_torch(name: str, feeds: dict[str, np.ndarray], runs: int, fp16: bool) -> dict[str, float]:
+    """PyTorch eager and one captured CUDA graph replayed, on the same GPU in the same run."""
+    import torch
+
+    call = torch_model(name, feeds, fp16)
     out = {}
     with torch.inference_mode():
         out["torch_eager"] = med_ms(call, torch.cuda.synchronize, runs)

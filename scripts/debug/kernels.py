@@ -2,40 +2,43 @@
 profiler (it traces every kernel of the process, CuPy's, cuBLASLt's and cuDNN's included).
 Replayed CUDA graphs are traced too, so the sum is the GPU busy time of a run without launch gaps.
 
-    python scripts/debug/kernels.py [--models gpt2,resnet50] [--fp16] [--graph] [--top 25]
+    python scripts/debug/kernels.py [--models gpt2,resnet50] [--batch 1] [--fp16] [--graph]
+                                    [--top 25] [--torch]
 
-Models as benchmarks/models.py exports them (batch 1).
+Models as benchmarks/models.py exports them: ResNet-50 at any ``--batch``, BERT and GPT-2 at 1
+or 8.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import sys
+from typing import Any
 
 import numpy as np
 
 import onnxplug as ox
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-from models import export_all, feeds_for, model_path, to_fp16
+from models import export_all, feeds_for, model_path, to_fp16, torch_model
 
 CUDA = "CUDAExecutionProvider"
 
 
-def trace(path: str, feeds: dict[str, np.ndarray], graph: bool, runs: int) -> tuple:
+def trace(call: Any, runs: int) -> dict[str, list[float]]:
+    """GPU µs of each kernel launched by ``runs`` calls of ``call`` (after 5 warm-up calls)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    opts = {"enable_cuda_graph": "1"} if graph else {}
-    s = ox.InferenceSession(path, providers=[(CUDA, opts), "CPUExecutionProvider"])
     for _ in range(5):
-        s.run(None, feeds)
+        call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(runs):
-            s.run(None, feeds)
+            call()
         torch.cuda.synchronize()
     per: dict[str, list[float]] = collections.defaultdict(list)
     for e in prof.events():
@@ -44,32 +47,67 @@ def trace(path: str, feeds: dict[str, np.ndarray], graph: bool, runs: int) -> tu
     return per
 
 
+def trace_torch(name: str, feeds: dict[str, np.ndarray], args: Any) -> dict[str, list[float]]:
+    """The same trace of the PyTorch model (eager, or one captured CUDA graph replayed)."""
+    import torch
+
+    with torch.inference_mode():
+        call = torch_model(name, feeds, args.fp16)
+        if args.graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    call()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                call()
+            call = g.replay
+        return trace(call, args.runs)
+
+
+def report(title: str, per: dict[str, list[float]], args: Any) -> None:
+    total = sum(sum(v) for v in per.values()) / args.runs
+    count = sum(len(v) for v in per.values()) / args.runs
+    print(f"\n{title}: {count:.0f} kernels, {total:.1f} µs of GPU time per run")
+    print(f"  {'kernel':70s} {'per run':>7s} {'µs/run':>8s} {'µs each':>8s}")
+    rows = sorted(per.items(), key=lambda kv: -sum(kv[1]))[: args.top]
+    for k, v in rows:
+        n = len(v) / args.runs
+        print(f"  {k[:70]:70s} {n:7.1f} {sum(v) / args.runs:8.1f} {np.mean(v):8.2f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2,resnet50")
     ap.add_argument("--out", default="/tmp/onnxplug_models")
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--graph", action="store_true", help="replayed CUDA graphs")
+    ap.add_argument("--batch", type=int, default=1, help="1, or 8 (BERT, GPT-2)")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--torch", action="store_true", help="also the PyTorch model's kernels")
     args = ap.parse_args()
     names = args.models.split(",")
     export_all(args.out, names)
+    mode = "graph replay" if args.graph else "eager"
+    dt = "fp16" if args.fp16 else "fp32"
     for name in names:
-        path = model_path(args.out, name, 1)
+        b = args.batch
+        path = model_path(args.out, name, b)
         if args.fp16:
             path = to_fp16(path, path.replace(".onnx", "_fp16.onnx"))
-        per = trace(path, feeds_for(name, 1), args.graph, args.runs)
-        total = sum(sum(v) for v in per.values()) / args.runs
-        count = sum(len(v) for v in per.values()) / args.runs
-        mode = "graph replay" if args.graph else "eager"
-        dt = "fp16" if args.fp16 else "fp32"
-        print(f"\n{name} b1 {dt} {mode}: {count:.0f} kernels, {total:.1f} µs of GPU time per run")
-        print(f"  {'kernel':70s} {'per run':>7s} {'µs/run':>8s} {'µs each':>8s}")
-        rows = sorted(per.items(), key=lambda kv: -sum(kv[1]))[: args.top]
-        for k, v in rows:
-            n = len(v) / args.runs
-            print(f"  {k[:70]:70s} {n:7.1f} {sum(v) / args.runs:8.1f} {np.mean(v):8.2f}")
+        feeds = feeds_for(name, b)
+        opts = {"enable_cuda_graph": "1"} if args.graph else {}
+        s = ox.InferenceSession(path, providers=[(CUDA, opts), "CPUExecutionProvider"])
+        report(
+            f"{name} b{b} {dt} {mode}",
+            trace(functools.partial(s.run, None, feeds), args.runs),
+            args,
+        )
+        if args.torch:
+            report(f"PyTorch {name} b{b} {dt} {mode}", trace_torch(name, feeds, args), args)
     return 0
 
 
