@@ -325,6 +325,113 @@ class RawElementwise:
         )
 
 
+# ---------------------------------------------------------------------------------------------
+# Copies of views whose innermost dim is contiguous on both sides, moved in wide units
+
+_UNITS = (
+    (16, "uint4"),
+    (8, "uint2"),
+    (4, "unsigned int"),
+    (2, "unsigned short"),
+    (1, "unsigned char"),
+)
+_UNIT_COPY_SRC = r"""
+template <typename I> struct OxCopyIdx { I n; I row; int ndim; I shape[@ND@]; I ss[@ND@];
+                                         I sd[@ND@]; };
+template <typename U, typename I>
+__device__ void ox_copy_units(const U* __restrict__ src, U* __restrict__ dst,
+                              const OxCopyIdx<I>& p) {
+  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (I)gridDim.x * blockDim.x) {
+    I r = i / p.row;
+    const I c = i - r * p.row;
+    I os = c, od = c;
+    for (int d = p.ndim - 1; d >= 0; --d) {
+      const I q = r % p.shape[d];
+      r /= p.shape[d];
+      os += q * p.ss[d];
+      od += q * p.sd[d];
+    }
+    dst[od] = src[os];
+  }
+}
+""".replace("@ND@", str(MAX_DIMS))
+_UNIT_COPY_ENTRY = r"""
+extern "C" __global__ void ox_copy_units_%(v)d_%(w)s(const %(u)s* src, %(u)s* dst,
+                                                     const OxCopyIdx<%(i)s> p) {
+  ox_copy_units<%(u)s, %(i)s>(src, dst, p);
+}
+"""
+_unit_copy_modules: dict[int, Any] = {}
+_unit_copy_lock = threading.Lock()
+
+
+def _unit_copy_function(xp: Any, unit: int, wide: bool) -> Any:
+    """The copy kernel moving ``unit``-byte units (one module per device, every variant)."""
+    device = xp.cuda.runtime.getDevice()
+    with _unit_copy_lock:
+        mod = _unit_copy_modules.get(device)
+        if mod is None:
+            src = _UNIT_COPY_SRC + "".join(
+                _UNIT_COPY_ENTRY % {"v": v, "u": u, "w": w, "i": i}
+                for v, u in _UNITS
+                for w, i in (("i", "int"), ("l", "long long"))
+            )
+            mod = _unit_copy_modules[device] = xp.RawModule(code=src, options=("--std=c++17",))
+    return mod.get_function(f"ox_copy_units_{unit}_{'l' if wide else 'i'}")
+
+
+def bind_unit_copy(xp: Any, src: Any, dst: Any, stream: int) -> Launch | None:
+    """``dst[...] = src`` (same shape and dtype) as one launch that moves up to 16 bytes per
+    thread, where the innermost (collapsed) dim is contiguous in both: index arithmetic per
+    unit instead of per element (a (B, S, N, H) -> (B, N, S, H) head transpose of float16 runs
+    8 elements per thread). None where the views do not fit (the generic kernel then copies)."""
+    if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype or dst.size == 0:
+        return None
+    isz = dst.itemsize
+    shape = tuple(dst.shape)
+    dims, (ss, sd) = _collapse(shape, [_elem_strides(src, shape), _elem_strides(dst, shape)])
+    if ss[-1] != 1 or sd[-1] != 1 or len(dims) > MAX_DIMS + 1 or len(dims) < 2:
+        return None  # one contiguous run: the generic kernel's flat loop is as good
+    if any(s <= 0 for s in ss[:-1] + sd[:-1]):
+        return None
+    g = dims[-1] * isz | int(src.data.ptr) | int(dst.data.ptr)
+    for s in ss[:-1] + sd[:-1]:
+        g |= s * isz
+    unit = min(16, g & -g)
+    row = dims[-1] * isz // unit
+    outer = dims[:-1]
+    rows = 1
+    for d in outer:
+        rows *= d
+    n = rows * row
+    us = [s * isz // unit for s in ss[:-1]]
+    ud = [s * isz // unit for s in sd[:-1]]
+    span = max(sum((d - 1) * s for d, s in zip(outer, st)) + row for st in (us, ud))
+    wide = n >= 2**31 or span >= 2**31
+    try:
+        fn = _unit_copy_function(xp, unit, wide)
+    except Exception:  # no NVRTC here, or the module does not build: the generic kernel
+        return None
+    idx = ctypes.c_longlong if wide else ctypes.c_int
+
+    class OxCopyIdx(ctypes.Structure):
+        _fields_ = [
+            ("n", idx),
+            ("row", idx),
+            ("ndim", ctypes.c_int),
+            ("shape", idx * MAX_DIMS),
+            ("ss", idx * MAX_DIMS),
+            ("sd", idx * MAX_DIMS),
+        ]
+
+    p = OxCopyIdx()
+    p.n, p.row, p.ndim = n, row, len(outer)
+    for d, (m, a, b) in enumerate(zip(outer, us, ud)):
+        p.shape[d], p.ss[d], p.sd[d] = m, a, b
+    blocks = min((n + _THREADS - 1) // _THREADS, 65535 * 8)
+    return Launch(fn, (blocks, 1, 1), (_THREADS, 1, 1), stream, [src, dst, p], 0, "ox_copy_units")
+
+
 def _noop() -> None:
     pass
 
@@ -414,4 +521,4 @@ def bound_calls(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
     return many
 
 
-__all__ = ["Launch", "RawElementwise", "bound_calls", "function_launch"]
+__all__ = ["Launch", "RawElementwise", "bind_unit_copy", "bound_calls", "function_launch"]

@@ -273,7 +273,23 @@ def _copy_twin(x: Any, y: np.ndarray) -> None:
 
 # y = x for two arrays of one type, any strides and broadcasting: Transpose, Split, Slice,
 # Concat and Expand as one prepared kernel each
-COPY = Elementwise("T x", "T y", "y = x", "ox_copy", _copy_twin)
+class _Copy(Elementwise):
+    """``y = x``; prepared copies of views with a contiguous innermost dim move wide units
+    (``launch.bind_unit_copy``), the others take the generic strided kernel."""
+
+    __slots__ = ()
+
+    def bind(self, xp: Any, *args: Any, stream: int = 0) -> Callable[[], None] | None:
+        if xp is not np and len(args) == 2:
+            from ..launch import bind_unit_copy
+
+            fast = bind_unit_copy(xp, args[0], args[1], stream)
+            if fast is not None:
+                return fast
+        return super().bind(xp, *args, stream=stream)
+
+
+COPY = _Copy("T x", "T y", "y = x", "ox_copy", _copy_twin)
 
 
 def _cast_twin(x: Any, y: np.ndarray) -> None:

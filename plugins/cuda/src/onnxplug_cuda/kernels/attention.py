@@ -67,6 +67,60 @@ __device__ void oxa_softmax(typename Tr::S* x, const typename Tr::W* __restrict_
     xr[t] = Tr::st(p);
   }
 }
+
+// One warp per row of up to 32 * PER keys, held in registers: one read and one write of the
+// row (the block kernel above reads it three times); the same arithmetic per element.
+template <class Tr, int PER>
+__device__ void oxa_softmax_warp(typename Tr::S* x, const typename Tr::W* __restrict__ bias,
+                                 long long b0, long long b1, long long b2, long long b3,
+                                 long long heads, long long S, long long T, long long rows,
+                                 int causal, double filter, int zero_nan) {
+  typedef typename Tr::W W;
+  const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const long long s = row % S, n = (row / S) % heads, b = row / (S * heads);
+  typename Tr::S* xr = x + row * T;
+  const long long last = s + (T - S);  // the last key a causal query sees
+  const W* br = bias ? bias + b * b0 + n * b1 + s * b2 : nullptr;
+  W v[PER];
+  W m = ox_neg_inf(W(0));
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const long long t = lane + 32LL * k;
+    v[k] = W(0);
+    if (t < T) {
+      W u = Tr::ld(xr[t]);
+      if (br) u += br[t * b3];
+      if (causal && t > last) u += W(filter);
+      u = Tr::ld(Tr::st(u));  // rounded to the storage type, as the block kernel stores it
+      v[k] = u;
+      m = u > m ? u : m;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const W w = __shfl_xor_sync(0xffffffffu, m, o);
+    m = w > m ? w : m;
+  }
+  W sum = W(0);
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    if (lane + 32LL * k < T) {
+      v[k] = exp(v[k] - m);
+      sum += v[k];
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const long long t = lane + 32LL * k;
+    if (t < T) {
+      W p = v[k] / sum;
+      if (zero_nan && isnan(p)) p = W(0);
+      xr[t] = Tr::st(p);
+    }
+  }
+}
 """
 _SOFTMAX_ENTRY = r"""
 extern "C" __global__ void oxa_softmax_{k}({S}* x, const {W}* bias, long long b0, long long b1,
@@ -74,7 +128,39 @@ extern "C" __global__ void oxa_softmax_{k}({S}* x, const {W}* bias, long long b0
     double filter, int zero_nan) {{
   oxa_softmax<{Tr}>(x, bias, b0, b1, b2, b3, heads, S, T, causal, filter, zero_nan);
 }}
+extern "C" __global__ void oxa_softmax_w4_{k}({S}* x, const {W}* bias, long long b0,
+    long long b1, long long b2, long long b3, long long heads, long long S, long long T,
+    long long rows, int causal, double filter, int zero_nan) {{
+  oxa_softmax_warp<{Tr}, 4>(x, bias, b0, b1, b2, b3, heads, S, T, rows, causal, filter, zero_nan);
+}}
+extern "C" __global__ void oxa_softmax_w32_{k}({S}* x, const {W}* bias, long long b0,
+    long long b1, long long b2, long long b3, long long heads, long long S, long long T,
+    long long rows, int causal, double filter, int zero_nan) {{
+  oxa_softmax_warp<{Tr}, 32>(x, bias, b0, b1, b2, b3, heads, S, T, rows, causal, filter, zero_nan);
+}}
 """
+_WARP_ROWS = 4  # rows (warps) per block of the warp-per-row softmax
+
+
+def softmax_launch(scores: Any, add: Any, causal: bool, filt: float, zero_nan: bool) -> tuple:
+    """(function name suffix, grid, block, arguments) of the masked softmax over dense
+    (B, N, S, T) ``scores`` in place: a warp per row up to 1024 keys, a block per row beyond."""
+    b, n, s, t = scores.shape
+    strides = [0, 0, 0, 0]
+    if add is not None:
+        a4 = add.reshape((1,) * (4 - add.ndim) + add.shape)
+        strides = [0 if d == 1 else st // a4.itemsize for d, st in zip(a4.shape, a4.strides)]
+    head = (scores, _NULL if add is None else add, *(np.int64(v) for v in strides))
+    tail = (np.int32(causal), np.float64(filt), np.int32(zero_nan))
+    rows = b * n * s
+    if t <= 32 * 32:
+        name = "w4_" if t <= 32 * 4 else "w32_"
+        grid = ((rows + _WARP_ROWS - 1) // _WARP_ROWS,)
+        args = (*head, np.int64(n), np.int64(s), np.int64(t), np.int64(rows), *tail)
+        return name, grid, (32 * _WARP_ROWS,), args
+    return "", (rows,), (F.block_size(t),), (*head, np.int64(n), np.int64(s), np.int64(t), *tail)
+
+
 SOFTMAX_ROWS = F.row_module(_SOFTMAX_SRC, _SOFTMAX_ENTRY)
 
 
@@ -178,22 +264,13 @@ class _AttentionBase(CudaKernel):
         if xp is np:
             masked_softmax_np(scores, add, self.causal, self.mask_filter, self.zero_nan)
             return
-        b, n, s, t = scores.shape
-        strides = [0, 0, 0, 0]
         if add is not None:
             add = xp.ascontiguousarray(add)
-            a4 = add.reshape((1,) * (4 - add.ndim) + add.shape)
-            strides = [0 if d == 1 else st // a4.itemsize for d, st in zip(a4.shape, a4.strides)]
-        fn = SOFTMAX_ROWS.function(xp, "oxa_softmax_" + F.storage_key(dt))
-        fn(
-            (b * n * s,),
-            (F.block_size(t),),
-            (
-                scores, _NULL if add is None else add, *(np.int64(v) for v in strides),
-                np.int64(n), np.int64(s), np.int64(t), np.int32(self.causal),
-                np.float64(self.mask_filter), np.int32(self.zero_nan),
-            ),
-        )  # fmt: skip
+        name, grid, block, args = softmax_launch(
+            scores, add, self.causal, self.mask_filter, self.zero_nan
+        )
+        fn = SOFTMAX_ROWS.function(xp, "oxa_softmax_" + name + F.storage_key(dt))
+        fn(grid, block, args)
 
 
 _NULL = np.uint64(0)
@@ -431,23 +508,11 @@ class Attention(_AttentionBase):
         if xp is np:
             causal, filt, zero_nan = self.causal, self.mask_filter, self.zero_nan
             return lambda: masked_softmax_np(scores, add, causal, filt, zero_nan)
-        b, n, s, t = scores.shape
-        strides = [0, 0, 0, 0]
-        if add is not None:
-            a4 = add.reshape((1,) * (4 - add.ndim) + add.shape)
-            strides = [0 if d == 1 else st // a4.itemsize for d, st in zip(a4.shape, a4.strides)]
-        fn = SOFTMAX_ROWS.function(xp, "oxa_softmax_" + F.storage_key(dt))
-        return function_launch(
-            fn,
-            (b * n * s,),
-            (F.block_size(t),),
-            (
-                scores, add, *(np.int64(v) for v in strides), np.int64(n), np.int64(s),
-                np.int64(t), np.int32(self.causal), np.float64(self.mask_filter),
-                np.int32(self.zero_nan),
-            ),
-            sh,
-        )  # fmt: skip
+        name, grid, block, args = softmax_launch(
+            scores, add, self.causal, self.mask_filter, self.zero_nan
+        )
+        fn = SOFTMAX_ROWS.function(xp, "oxa_softmax_" + name + F.storage_key(dt))
+        return function_launch(fn, grid, block, args, sh)
 
 
 _UNSUPPORTED = object()
