@@ -550,6 +550,56 @@ def test_matmul_bias_bias_first_and_2d_activation(providers):
     check(g.model([h]), {"x": _x((7, 16))}, ["MatMulBias"], providers)
 
 
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gemm_reshape_activation(trans_b, providers):
+    """GPT-2's Conv1D (Gemm on the 2-D view, viewed back) + gelu_new -> MatMulBias with the
+    FastGelu activation, then the Reshape; a Linear exported as Gemm(transB=1) + Relu too."""
+    g = G()
+    x = g.input("x", [2, 5, 16])
+    flat = g.op("Reshape", x, g.const(np.array([-1, 16]), dtype=np.int64))
+    w = RNG.standard_normal((16, 24)) * 0.3
+    wc, bc = g.const(w.T if trans_b else w), g.const(RNG.standard_normal(24))
+    h = g.op("Gemm", flat, wc, bc, transB=int(trans_b))
+    if trans_b:
+        h, fused = g.op("Relu", h), ["Reshape", "MatMulBias"]
+    else:
+        h = g.op("Reshape", h, g.const(np.array([2, 5, 24]), dtype=np.int64))
+        h, fused = gelu_new(g, h), ["Reshape", "MatMulBias", "Reshape"]
+    sess, _ = check(g.model([h]), {"x": _x((2, 5, 16))}, fused, providers)
+    graph = sess._graph
+    (mm,) = [n for n in graph.nodes if n.op_type == "MatMulBias"]
+    assert mm.attrs["activation"] == ("Relu" if trans_b else "FastGelu")
+    assert graph.initializers[mm.inputs[1]].shape == (16, 24)
+
+
+@pytest.mark.parametrize(
+    "bad", ["alpha", "bias_2d", "trans_a", "shared_weight", "reshape_read", "no_activation"]
+)
+def test_gemm_activation_not_fused(bad):
+    g = G()
+    x = g.input("x", [10, 16] if bad != "trans_a" else [16, 10])
+    w = g.const(RNG.standard_normal((24, 16) if bad == "shared_weight" else (16, 24)))
+    bias = RNG.standard_normal((1, 24) if bad == "bias_2d" else 24)
+    attrs = {"alpha": 0.5} if bad == "alpha" else {}
+    attrs = {"transA": 1} if bad == "trans_a" else attrs
+    attrs = {"transB": 1} if bad == "shared_weight" else attrs
+    h = g.op("Gemm", x, w, g.const(bias), **attrs)
+    outs = []
+    if bad == "shared_weight":  # W read by another node: it cannot be stored transposed
+        outs.append(g.op("MatMul", g.input("z", [3, 24]), w))
+    r = g.op("Reshape", h, g.const(np.array([2, 5, 24]), dtype=np.int64))
+    if bad == "reshape_read":
+        outs.append(r)
+    outs.insert(0, r if bad == "no_activation" else g.op("Relu", r))
+    fused, plain = sessions(g.model(outs), [CPU])
+    assert "MatMulBias" not in op_types(fused) and "Gemm" in op_types(fused)
+    feeds = {"x": _x((10, 16) if bad != "trans_a" else (16, 10))}
+    if bad == "shared_weight":
+        feeds["z"] = _x((3, 24))
+    for u, v in zip(fused.run(None, feeds), plain.run(None, feeds)):
+        np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("bad", ["bias_2d", "bias_length", "matmul_read", "weight_input"])
 def test_matmul_bias_not_fused(bad):
     g = G()
@@ -704,11 +754,13 @@ def test_gpt2_like_model(providers):
     read again are its input_skip_bias_sum output), gelu_new a FastGelu."""
     model = gpt2_model()
     before, after = _count(model)
-    assert after["SkipLayerNormalization"] == 2 * 2 + 1 and after["FastGelu"] == 2
+    assert after["SkipLayerNormalization"] == 2 * 2 + 1
     assert after["Attention"] == 2  # c_attn's GEMM, its Split and the attention
+    # c_fc's Gemm, its Reshape and gelu_new: one MatMulBias with the FastGelu epilogue
+    assert after["MatMulBias"] == 2 and "FastGelu" not in after
     assert not {"Tanh", "Pow", "LayerNormalization", "Softmax", "Transpose"} & set(after)
-    assert (before, sum(after.values())) == (2 + 2 * 39, 1 + 2 * 13)
-    _check_model(model, providers, ["Attention", "FastGelu", "SkipLayerNormalization"])
+    assert (before, sum(after.values())) == (2 + 2 * 39, 1 + 2 * 12)
+    _check_model(model, providers, ["Attention", "MatMulBias", "SkipLayerNormalization"])
 
 
 # ---------------------------------------------------------------------------------------------

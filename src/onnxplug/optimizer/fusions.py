@@ -543,6 +543,71 @@ def fuse_matmul_bias(g: Graph, policy: ProviderPolicy | None = None) -> int:
     return rw.apply()
 
 
+def fuse_gemm_activation(g: Graph, policy: ProviderPolicy | None = None) -> int:
+    """Gemm(x, 2-D constant W, 1-D constant bias) [+ Reshape] + activation -> MatMulBias with
+    the activation [+ the Reshape after it]: transformers' GPT-2 ``Conv1D`` (addmm on the 2-D
+    view, viewed back, then gelu_new) becomes one GEMM with a bias + GELU epilogue. Only
+    alpha = beta = 1 and transA = 0; transB = 1 where this Gemm is W's only reader (W is
+    stored transposed). A Gemm without an activation keeps its bias epilogue as it is."""
+    view = _View(g)
+    rw = _Rewriter(g, policy or ProviderPolicy())
+    inits = g.initializers
+    for gemm in g.nodes:
+        if gemm.op_type != "Gemm" or gemm.domain != "" or len(gemm.inputs) != 3:
+            continue
+        a, w_name, bias = gemm.inputs
+        w = inits.get(w_name)
+        at = gemm.attrs
+        if w is None or w.ndim != 2 or a in inits or w.dtype.name not in _MATMUL_BIAS_TYPES:
+            continue
+        if at.get("alpha", 1.0) != 1.0 or at.get("beta", 1.0) != 1.0 or at.get("transA", 0):
+            continue
+        trans_b = bool(at.get("transB", 0))
+        n_out = w.shape[0] if trans_b else w.shape[1]
+        if view.dtype(a) != w.dtype.name or not view.vector(bias, n_out, w.dtype.name):
+            continue
+        if trans_b and len(view.readers.get(w_name, [])) != 1:
+            continue
+        nodes, value = [gemm], gemm.outputs[0]
+        reshape = view.sole_reader(value)
+        if reshape is not None and reshape.op_type == "Reshape" and reshape.domain == "":
+            if reshape.inputs[0] != value or len(reshape.outputs) != 1:
+                continue
+            nodes.append(reshape)
+            value = reshape.outputs[0]
+        act = view.sole_reader(value)
+        kind = _activation(act) if act is not None and act.inputs[0] == value else None
+        if act is None or kind is None or len(act.outputs) != 1:
+            continue
+        nodes.append(act)
+        if not rw.free(nodes, "MatMulBias", PLUG_DOMAIN):
+            continue
+        if trans_b:
+            w_name = g.unique_name(f"{w_name}_transposed")
+            inits[w_name] = np.ascontiguousarray(w.T)
+        out = act.outputs[0] if len(nodes) == 2 else gemm.outputs[0]
+        fused = [
+            _new_node(
+                g, "MatMulBias", PLUG_DOMAIN, [a, w_name, bias], [out], {"activation": kind}, gemm
+            )
+        ]
+        if len(nodes) == 3:  # the activation commutes with the Reshape: view its result
+            fused.append(
+                Node(
+                    name=g.unique_name(reshape.name or "Reshape"),
+                    op_type="Reshape",
+                    domain="",
+                    inputs=[gemm.outputs[0], *reshape.inputs[1:]],
+                    outputs=[act.outputs[0]],
+                    attrs=dict(reshape.attrs),
+                    since_version=reshape.since_version,
+                    opset=reshape.opset,
+                )
+            )
+        rw.add(nodes, act, fused)
+    return rw.apply()
+
+
 def fuse_bias_gelu(g: Graph, policy: ProviderPolicy | None = None) -> int:
     """Add(x, 1-D constant) + Gelu -> BiasGelu; + FastGelu / tanh Gelu -> FastGelu(x, bias)."""
     view = _View(g)
@@ -579,6 +644,7 @@ TRANSFORMER_FUSION_NAMES = {
     "Gelu": ("GeluFusion", "FastGeluFusion"),
     "SkipLayerNormalization": ("SkipLayerNormFusion",),
     "MatMulBias": ("MatMulBiasFusion",),
+    "GemmActivation": ("GemmActivationFusion",),
     "Attention": ("AttentionFusion",),
     "BiasGelu": ("BiasGeluFusion",),
 }
@@ -602,6 +668,7 @@ def fuse_transformer(
         "Gelu": lambda: fuse_gelu(g, policy, gelu_forms),
         "SkipLayerNormalization": lambda: fuse_skip_layer_norm(g, policy),
         "MatMulBias": lambda: fuse_matmul_bias(g, policy),
+        "GemmActivation": lambda: fuse_gemm_activation(g, policy),
         "Attention": lambda: fuse_attention(g, policy),
         "BiasGelu": lambda: fuse_bias_gelu(g, policy),
     }
