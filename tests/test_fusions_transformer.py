@@ -572,6 +572,18 @@ def test_gemm_reshape_activation(trans_b, providers):
     assert graph.initializers[mm.inputs[1]].shape == (16, 24)
 
 
+def test_matmul_bias_reshape_activation(providers):
+    """addmm exported as MatMul + Add on the 2-D view, viewed back, then gelu_new."""
+    g = G()
+    x = g.input("x", [10, 16])
+    h = g.op("Add", g.op("MatMul", x, g.const(RNG.standard_normal((16, 24)) * 0.3)),
+             g.const(RNG.standard_normal(24)))  # fmt: skip
+    h = gelu_new(g, g.op("Reshape", h, g.const(np.array([2, 5, 24]), dtype=np.int64)))
+    sess, _ = check(g.model([h]), {"x": _x((10, 16))}, ["MatMulBias", "Reshape"], providers)
+    (mm,) = [n for n in sess._graph.nodes if n.op_type == "MatMulBias"]
+    assert mm.attrs["activation"] == "FastGelu"
+
+
 @pytest.mark.parametrize(
     "bad", ["alpha", "bias_2d", "trans_a", "shared_weight", "reshape_read", "no_activation"]
 )

@@ -509,7 +509,8 @@ def _activation(n: Node) -> str | None:
 
 
 def fuse_matmul_bias(g: Graph, policy: ProviderPolicy | None = None) -> int:
-    """MatMul(x, 2-D constant) + Add(1-D constant) [+ activation] -> ai.onnxplug MatMulBias."""
+    """MatMul(x, 2-D constant) + Add(1-D constant) [+ [Reshape +] activation] -> ai.onnxplug
+    MatMulBias [+ the Reshape]."""
     view = _View(g)
     rw = _Rewriter(g, policy or ProviderPolicy())
     inits = g.initializers
@@ -528,19 +529,53 @@ def fuse_matmul_bias(g: Graph, policy: ProviderPolicy | None = None) -> int:
         bias = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
         if bias == mm.outputs[0] or not view.vector(bias, w.shape[1], w.dtype.name):
             continue
-        nodes, last, attrs = [mm, add], add, {}
-        act = view.sole_reader(add.outputs[0])
-        kind = _activation(act) if act is not None and act.inputs[0] == add.outputs[0] else None
-        if act is not None and kind is not None and len(act.outputs) == 1:
-            nodes.append(act)
-            last, attrs = act, {"activation": kind}
+        nodes = [mm, add]
+        reshape, act, kind = _reshaped_activation(view, add.outputs[0])
+        if act is not None:
+            nodes += [reshape, act] if reshape is not None else [act]
         if not rw.free(nodes, "MatMulBias", PLUG_DOMAIN):
             continue
-        new = _new_node(
-            g, "MatMulBias", PLUG_DOMAIN, [a, w_name, bias], [last.outputs[0]], attrs, last
-        )
-        rw.add(nodes, last, new)
+        attrs = {"activation": kind} if act is not None else {}
+        out = act.outputs[0] if act is not None and reshape is None else add.outputs[0]
+        at = nodes[-1]
+        new = _new_node(g, "MatMulBias", PLUG_DOMAIN, [a, w_name, bias], [out], attrs, at)
+        rw.add(nodes, at, [new, *_reshape_after(g, reshape, act, add.outputs[0])])
     return rw.apply()
+
+
+def _reshaped_activation(view: _View, value: str) -> tuple[Node | None, Node | None, str | None]:
+    """(Reshape or None, activation node, MatMulBias activation) reading ``value`` alone, with
+    at most one Reshape between (activations commute with it); (None, None, None) if none."""
+    reshape = None
+    nxt = view.sole_reader(value)
+    if nxt is not None and nxt.op_type == "Reshape" and nxt.domain == "":
+        if nxt.inputs[0] != value or len(nxt.outputs) != 1:
+            return None, None, None
+        reshape, value = nxt, nxt.outputs[0]
+        nxt = view.sole_reader(value)
+    kind = _activation(nxt) if nxt is not None and nxt.inputs[0] == value else None
+    if nxt is None or kind is None or len(nxt.outputs) != 1:
+        return None, None, None
+    return reshape, nxt, kind
+
+
+def _reshape_after(g: Graph, reshape: Node | None, act: Node | None, value: str) -> list[Node]:
+    """The Reshape moved after the fused activation: it views ``value`` (the fused node's
+    output) as the activation's output did."""
+    if reshape is None or act is None:
+        return []
+    return [
+        Node(
+            name=g.unique_name(reshape.name or "Reshape"),
+            op_type="Reshape",
+            domain="",
+            inputs=[value, *reshape.inputs[1:]],
+            outputs=[act.outputs[0]],
+            attrs=dict(reshape.attrs),
+            since_version=reshape.since_version,
+            opset=reshape.opset,
+        )
+    ]
 
 
 def fuse_gemm_activation(g: Graph, policy: ProviderPolicy | None = None) -> int:
@@ -568,43 +603,19 @@ def fuse_gemm_activation(g: Graph, policy: ProviderPolicy | None = None) -> int:
             continue
         if trans_b and len(view.readers.get(w_name, [])) != 1:
             continue
-        nodes, value = [gemm], gemm.outputs[0]
-        reshape = view.sole_reader(value)
-        if reshape is not None and reshape.op_type == "Reshape" and reshape.domain == "":
-            if reshape.inputs[0] != value or len(reshape.outputs) != 1:
-                continue
-            nodes.append(reshape)
-            value = reshape.outputs[0]
-        act = view.sole_reader(value)
-        kind = _activation(act) if act is not None and act.inputs[0] == value else None
-        if act is None or kind is None or len(act.outputs) != 1:
+        reshape, act, kind = _reshaped_activation(view, gemm.outputs[0])
+        if act is None:
             continue
-        nodes.append(act)
+        nodes = [gemm, reshape, act] if reshape is not None else [gemm, act]
         if not rw.free(nodes, "MatMulBias", PLUG_DOMAIN):
             continue
         if trans_b:
             w_name = g.unique_name(f"{w_name}_transposed")
             inits[w_name] = np.ascontiguousarray(w.T)
-        out = act.outputs[0] if len(nodes) == 2 else gemm.outputs[0]
-        fused = [
-            _new_node(
-                g, "MatMulBias", PLUG_DOMAIN, [a, w_name, bias], [out], {"activation": kind}, gemm
-            )
-        ]
-        if len(nodes) == 3:  # the activation commutes with the Reshape: view its result
-            fused.append(
-                Node(
-                    name=g.unique_name(reshape.name or "Reshape"),
-                    op_type="Reshape",
-                    domain="",
-                    inputs=[gemm.outputs[0], *reshape.inputs[1:]],
-                    outputs=[act.outputs[0]],
-                    attrs=dict(reshape.attrs),
-                    since_version=reshape.since_version,
-                    opset=reshape.opset,
-                )
-            )
-        rw.add(nodes, act, fused)
+        out = act.outputs[0] if reshape is None else gemm.outputs[0]
+        attrs = {"activation": kind}
+        new = _new_node(g, "MatMulBias", PLUG_DOMAIN, [a, w_name, bias], [out], attrs, gemm)
+        rw.add(nodes, act, [new, *_reshape_after(g, reshape, act, gemm.outputs[0])])
     return rw.apply()
 
 
