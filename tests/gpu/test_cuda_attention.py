@@ -89,8 +89,9 @@ def _attention_model(b: int, s: int, d: int, heads: int, mask: str, causal: bool
 )
 @pytest.mark.parametrize("graph", [False, True])
 def test_attention_node_matches_cpu(dtype, b, s, mask, causal, graph):
-    """The Attention kernel's prepared path (head copies at batch > 1, in place at batch 1;
-    every softmax variant) against the CPU provider, eager and replayed."""
+    """The Attention kernel's prepared paths against the CPU provider, eager and replayed:
+    float32 through the GEMMs (head copies at batch > 1, in place at batch 1; every softmax
+    variant), float16 through cuDNN's fused attention."""
     d, heads = 64, 4
     model = _attention_model(b, s, d, heads, mask, causal, dtype)
     rng = np.random.default_rng(b * 1000 + s)
@@ -101,7 +102,10 @@ def test_attention_node_matches_cpu(dtype, b, s, mask, causal, graph):
         feeds["mask"] = m
     elif mask == "3d":
         feeds["mask"] = (rng.random((b, s, s)) > 0.3).astype(np.int32)
+    from onnxplug_cuda import dnn
+
     opts = {"use_tf32": "0", "enable_cuda_graph": "1" if graph else "0"}
+    cudnn_calls = dnn.stats["attention"]
     cuda = ox.InferenceSession(model, providers=[(CUDA, opts), CPU])
     ops = {r["node_name"]: r["ep"] for r in cuda.get_provider_graph_assignment_info()}
     assert set(ops.values()) == {CUDA}
@@ -111,3 +115,5 @@ def test_attention_node_matches_cpu(dtype, b, s, mask, causal, graph):
     for _ in range(3):  # first run, prepared runs (and a capture, then a replay)
         got = cuda.run(None, feeds)[0].astype(np.float32)
         np.testing.assert_allclose(got, want, rtol=tol[0], atol=tol[1])
+    # float16 runs cuDNN's fused attention (flash attention), float32 the GEMM path
+    assert (dnn.stats["attention"] > cudnn_calls) == (dtype == np.float16)

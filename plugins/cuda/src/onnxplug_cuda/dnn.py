@@ -62,11 +62,13 @@ from .blas import BF16
 
 # Calls per path (cuDNN graph vs the kernels' own im2col/col2im + GEMM), for tests and diagnostics.
 # "fused": calls whose graph also did a bias, residual or ReLU (counted within "cudnn").
-stats = {"cudnn": 0, "fallback": 0, "fused": 0, "tuning_cache_hits": 0}
+# "attention": fused attention (SDPA) graph calls.
+stats = {"cudnn": 0, "fallback": 0, "fused": 0, "tuning_cache_hits": 0, "attention": 0}
 
 LIMITED_WORKSPACE = 32 << 20
 _MAX_GRAPHS = 512
 _UID_X, _UID_W, _UID_B, _UID_Y, _UID_Z = 1, 2, 3, 4, 5
+UID_Q, UID_K, UID_V, UID_O, UID_BIAS = 11, 12, 13, 14, 15  # an attention graph's tensors
 _EXHAUSTIVE, _HEURISTIC, _DEFAULT = 0, 1, 2
 _F64 = np.dtype(np.float64)
 # EXHAUSTIVE search builds and times this many candidates, in the heuristics' order (building
@@ -93,6 +95,26 @@ class ConvSpec:
     bias: bool = False
     residual: bool = False  # + Z, a tensor of y's shape (FusedConv's fourth input)
     relu: bool = False
+
+
+@dataclass(frozen=True)
+class SdpaSpec:
+    """A fused attention graph (cuDNN's SDPA, flash attention): query, key and value as
+    (B, N, S, H) views with element strides (read in place from a packed projection), the
+    (B, N, S, Hv) output view, an optional dense (B, 1, S, T) additive bias, causal masking
+    (top-left aligned) and the scale of Q K^T."""
+
+    dtype: np.dtype
+    q: tuple[int, ...]
+    k: tuple[int, ...]
+    v: tuple[int, ...]
+    q_stride: tuple[int, ...]
+    k_stride: tuple[int, ...]
+    v_stride: tuple[int, ...]
+    o_stride: tuple[int, ...]
+    bias: bool
+    causal: bool
+    scale: float
 
 
 def _contiguous(dims: list[int]) -> list[int]:
@@ -283,6 +305,32 @@ class CudnnConv:
         stats["cudnn"] += 1
         return True
 
+    def attention(self, ctx: Any, spec: SdpaSpec, ptrs: dict[int, int]) -> Any:
+        """A call running ``spec``'s SDPA graph on ``ptrs`` (by uid) on the context's stream,
+        with a workspace of the frame's (``ctx.workspace``): the prepared form of a fused
+        attention. None where cuDNN cannot (the attention kernel then takes its GEMM path)."""
+        if spec.dtype not in (np.dtype(np.float16), BF16) or any(p % 16 for p in ptrs.values()):
+            return None
+        key = (self.ordinal, spec)
+        g = self._graphs.get(key, _MISSING)
+        if g is _MISSING:
+            g = self._get(ctx, key, ptrs)
+        if g is None:
+            return None
+        ws_ptr = ctx.workspace(g.ws) if g.ws else 0
+        handle = ctx.stream.cudnn
+        if g.ordered:
+            fn, args = g.graph._execute_with_ptrs, ([ptrs[u] for u in g.order], ws_ptr, handle)
+        else:
+            fn, args = g.graph._execute, (dict(ptrs), ws_ptr, handle)
+
+        def call() -> None:
+            fn(*args)
+            stats["attention"] += 1
+
+        call.keep = g  # type: ignore[attr-defined]
+        return call
+
     # graph building -----------------------------------------------------------------------------
     def _get(self, ctx: Any, key: tuple, ptrs: dict[int, int]) -> _Graph | None:
         with self._lock:
@@ -291,11 +339,19 @@ class CudnnConv:
                 return g
         spec = key[1]
         try:
-            g = self._build(ctx, spec, ptrs)
+            if isinstance(spec, SdpaSpec):
+                g = self._build_sdpa(ctx, spec, ptrs)
+            else:
+                g = self._build(ctx, spec, ptrs)
         except Exception as e:
+            what = (
+                f"attention {spec.dtype} q{list(spec.q)} v{list(spec.v)}"
+                if isinstance(spec, SdpaSpec)
+                else f"{spec.kind} {spec.dtype} x{list(spec.x)} w{list(spec.w)}"
+            )
             self._warn(
-                f"cuDNN cannot run {spec.kind} {spec.dtype} x{list(spec.x)} w{list(spec.w)} "
-                f"({type(e).__name__}: {str(e).strip()[:300]}); using the GEMM fallback"
+                f"cuDNN cannot run {what} ({type(e).__name__}: {str(e).strip()[:300]}); using "
+                "the GEMM path"
             )
             g = None
         with self._lock:
@@ -389,17 +445,45 @@ class CudnnConv:
         ws = int(g.get_workspace_size())
         if best is not None:
             ws = max(ws, int(g.get_workspace_size_plan_at_index(best)))
-        order = None
-        if best is None and hasattr(g, "_execute_with_ptrs"):
-            try:
-                if hasattr(g, "_prepare_variant_pack_template"):
-                    g._prepare_variant_pack_template()
-                uids = [int(u) for u in g._get_variant_pack_uids_sorted()]
-                if sorted(uids) == sorted(ptrs):
-                    order = uids
-            except Exception:
-                order = None
-        return _Graph(g, ws, best, order)
+        return _Graph(g, ws, best, _variant_order(g, ptrs) if best is None else None)
+
+    def _build_sdpa(self, ctx: Any, spec: SdpaSpec, ptrs: dict[int, int]) -> _Graph:
+        cudnn = self.cudnn
+        io = self._io[spec.dtype]
+        f32 = cudnn.data_type.FLOAT
+        g = cudnn.pygraph(
+            io_data_type=io, intermediate_data_type=f32, compute_data_type=f32,
+            handle=ctx.stream.cudnn,
+        )  # fmt: skip
+        q = g.tensor(name="Q", dim=list(spec.q), stride=list(spec.q_stride), data_type=io)
+        k = g.tensor(name="K", dim=list(spec.k), stride=list(spec.k_stride), data_type=io)
+        v = g.tensor(name="V", dim=list(spec.v), stride=list(spec.v_stride), data_type=io)
+        q.set_uid(UID_Q)
+        k.set_uid(UID_K)
+        v.set_uid(UID_V)
+        kw: dict[str, Any] = {}
+        if spec.bias:
+            bd = [spec.q[0], 1, spec.q[2], spec.k[2]]
+            bias = g.tensor(name="BIAS", dim=bd, stride=_contiguous(bd), data_type=io)
+            bias.set_uid(UID_BIAS)
+            kw["bias"] = bias
+        if spec.causal:
+            kw["diagonal_alignment"] = cudnn.diagonal_alignment.TOP_LEFT
+            kw["diagonal_band_right_bound"] = 0
+        o, _stats = g.sdpa(
+            name="sdpa", q=q, k=k, v=v, generate_stats=False, attn_scale=spec.scale, **kw
+        )
+        o.set_output(True)
+        o.set_dim([spec.q[0], spec.q[1], spec.q[2], spec.v[3]])
+        o.set_stride(list(spec.o_stride))
+        o.set_data_type(io)
+        o.set_uid(UID_O)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+        return _Graph(g, int(g.get_workspace_size()), None, _variant_order(g, ptrs))
 
     def _cached_plan(self, g: Any, key: str) -> int | None:
         """The tuning cache's plan for this graph, built (the only plan built); None when the
@@ -470,6 +554,21 @@ class CudnnConv:
         stream.synchronize()
         del ws
         return best
+
+
+def _variant_order(g: Any, ptrs: dict[int, int]) -> list[int] | None:
+    """The uid order of the frontend's ordered variant pack (``_execute_with_ptrs``: raw
+    pointers in a list, no dict per call) for a graph running its default plan; None where
+    the wheel lacks it or its uids are not ``ptrs``'s."""
+    if not hasattr(g, "_execute_with_ptrs"):
+        return None
+    try:
+        if hasattr(g, "_prepare_variant_pack_template"):
+            g._prepare_variant_pack_template()
+        uids = [int(u) for u in g._get_variant_pack_uids_sorted()]
+    except Exception:
+        return None
+    return uids if sorted(uids) == sorted(ptrs) else None
 
 
 def _build_candidates(g: Any, limit: int) -> list[int]:

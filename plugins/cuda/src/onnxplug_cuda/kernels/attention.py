@@ -11,7 +11,11 @@ float32 (float64 for float64) and zeroes NaN probabilities when ``zero_nan_proba
 set, then ``P @ V`` is a second strided-batched GEMM, transposed into the (B, S, N*Hv) output.
 Under the host simulation the GEMM engine's numpy path and the row kernel's numpy twin run.
 
-No cuDNN SDPA (flash attention) path yet: every call takes the generic path.
+float16 Attention (prepared, no attention bias, no past, ``zero_nan_probabilities`` off) runs
+cuDNN's fused attention instead (``dnn.SdpaSpec``: flash attention through the frontend's SDPA
+graph), reading Q/K/V in place from the projection and writing the context in place; with the
+projection and the mask's additive term it is captured as one CUDA graph of the node. Other
+cases, float32 and float64 (cuDNN has no fused attention for them) take the generic path.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ import numpy as np
 
 from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes
 
-from .. import blas
+from .. import blas, dnn
 from ..launch import bound_calls, function_launch
 from . import _fused as F
-from ._base import BF16, CudaKernel
+from ._base import BF16, CudaKernel, node_graph
 
 MS = "com.microsoft"
 PLUG = "ai.onnxplug"
@@ -395,13 +399,18 @@ class Attention(_AttentionBase):
             return be.array_at(ctx.workspace(nbytes), shape_, dtype_, ctx)
 
         qkv = buf((b * s, total), st)
-        scores = buf(shape, st)
         y = self.alloc(ctx, 0, (b, s, n * hv), dt)
         proj = self.gemm.prepare(ctx, x.reshape(b * s, din), w, qkv, bias=bias, dtype=dt)
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(h)
+        if attn_bias is None and not self.zero_nan and proj is not None:
+            fused = self._fused_sdpa(ctx, qkv, y, mask, (b, n, s, h, hv, dq, dk), scale, buf)
+            if fused is not None:
+                work = bound_calls([proj, *fused])
+                return node_graph(self, ctx, work) or work
+        scores = buf(shape, st)
         add = make = None
         if add_src is not None:
             add, make = add_src(buf, sh)
-        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(h)
         softmax = self._softmax_call(scores, add, dt, sh)
         heads = None
         if b == 1:
@@ -414,6 +423,56 @@ class Attention(_AttentionBase):
         if any(c is None for c in calls):
             return None
         return bound_calls(calls)
+
+    def _fused_sdpa(
+        self, ctx: Any, qkv: Any, y: Any, mask: Any, dims: tuple, scale: float, buf: Any
+    ) -> list | None:
+        """float16: cuDNN's fused attention (flash attention) reading the heads in place from
+        the packed projection and writing the context in place into the output; a padding
+        mask becomes a dense (B, 1, S, S) additive bias made each run by one kernel. The
+        calls after the projection, or None where it does not apply (another dtype, a mask
+        layout or filter value it cannot express, no cuDNN, no engine for the shapes)."""
+        if qkv.dtype != np.float16:
+            return None
+        eng = dnn.engine_for(self.ep)
+        if eng is None:
+            return None
+        b, n, s, h, hv, dq, dk = dims
+        total, isz = qkv.shape[1], qkv.dtype.itemsize
+        calls: list[Any] = []
+        ptrs = {
+            dnn.UID_Q: int(qkv.data.ptr),
+            dnn.UID_K: int(qkv.data.ptr) + dq * isz,
+            dnn.UID_V: int(qkv.data.ptr) + (dq + dk) * isz,
+            dnn.UID_O: int(y.data.ptr),
+        }
+        if mask is not None:
+            f = np.float16(self.mask_filter)
+            if not np.isfinite(f) or mask.shape not in ((b, s), (b, s, s)):
+                return None
+            mask4 = mask.reshape(b, 1, 1, s) if mask.ndim == 2 else mask.reshape(b, 1, s, s)
+            term = buf((b, 1, s, s), np.float16)
+            make = MASK_TERM.bind(self.xp, mask4, f, term, stream=self.stream_handle(ctx))
+            if make is None:
+                return None
+            calls.append(make)
+            ptrs[dnn.UID_BIAS] = int(term.data.ptr)
+        row = (s * total, h, total, 1)
+        spec = dnn.SdpaSpec(
+            dtype=np.dtype(np.float16),
+            q=(b, n, s, h),
+            k=(b, n, s, h),
+            v=(b, n, s, hv),
+            q_stride=row,
+            k_stride=row,
+            v_stride=(s * total, hv, total, 1),
+            o_stride=(s * n * hv, hv, n * hv, 1),
+            bias=mask is not None,
+            causal=self.causal,
+            scale=float(scale),
+        )
+        call = eng.attention(ctx, spec, ptrs)
+        return None if call is None else [*calls, call]
 
     def _heads_in_place(
         self, ctx: Any, qkv: Any, scores: Any, y: Any, dims: tuple, scale: float, dt: Any
