@@ -551,15 +551,18 @@ def test_matmul_bias_bias_first_and_2d_activation(providers):
 
 
 @pytest.mark.parametrize("trans_b", [False, True])
-def test_gemm_reshape_activation(trans_b, providers):
+@pytest.mark.parametrize("bias", [True, False])
+def test_gemm_reshape_activation(trans_b, bias, providers):
     """GPT-2's Conv1D (Gemm on the 2-D view, viewed back) + gelu_new -> MatMulBias with the
-    FastGelu activation, then the Reshape; a Linear exported as Gemm(transB=1) + Relu too."""
+    FastGelu activation, then the Reshape; a Linear exported as Gemm(transB=1) + Relu too;
+    with or without C (an exporter drops an all-zero bias)."""
     g = G()
     x = g.input("x", [2, 5, 16])
     flat = g.op("Reshape", x, g.const(np.array([-1, 16]), dtype=np.int64))
     w = RNG.standard_normal((16, 24)) * 0.3
-    wc, bc = g.const(w.T if trans_b else w), g.const(RNG.standard_normal(24))
-    h = g.op("Gemm", flat, wc, bc, transB=int(trans_b))
+    wc = g.const(w.T if trans_b else w)
+    c = [g.const(RNG.standard_normal(24))] if bias else []
+    h = g.op("Gemm", flat, wc, *c, transB=int(trans_b), beta=1.0 if bias else 0.5)
     if trans_b:
         h, fused = g.op("Relu", h), ["Reshape", "MatMulBias"]
     else:
@@ -570,6 +573,7 @@ def test_gemm_reshape_activation(trans_b, providers):
     (mm,) = [n for n in graph.nodes if n.op_type == "MatMulBias"]
     assert mm.attrs["activation"] == ("Relu" if trans_b else "FastGelu")
     assert graph.initializers[mm.inputs[1]].shape == (16, 24)
+    assert len(mm.inputs) == (3 if bias else 2)
 
 
 def test_matmul_bias_reshape_activation(providers):

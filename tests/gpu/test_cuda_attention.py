@@ -54,14 +54,18 @@ def _attention_model(b: int, s: int, d: int, heads: int, mask: str, causal: bool
     bias = (rng.standard_normal(3 * d) * 0.1).astype(dtype)
     inputs = ["x", "w", "bias"]
     graph_inputs = [helper.make_tensor_value_info("x", ttype, [b, s, d])]
-    if mask != "none":
+    attrs: dict = {"num_heads": heads, "unidirectional": int(causal)}
+    domain = "com.microsoft"
+    if mask in ("2d", "3d"):
         inputs.append("mask")
         shape = [b, s] if mask == "2d" else [b, s, s]
         graph_inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT32, shape))
-    node = helper.make_node(
-        "Attention", inputs, ["y"], domain="com.microsoft", num_heads=heads,
-        unidirectional=int(causal),
-    )  # fmt: skip
+    elif mask.startswith("bias"):  # an attention bias (B, 1, S, S), as the fusion writes it
+        inputs += ["", "", "attn_bias"]
+        graph_inputs.append(helper.make_tensor_value_info("attn_bias", ttype, [b, 1, s, s]))
+        if mask == "bias_zero_nan":
+            domain, attrs["zero_nan_probabilities"] = "ai.onnxplug", 1
+    node = helper.make_node("Attention", inputs, ["y"], domain=domain, **attrs)
     g = helper.make_graph(
         [node],
         "attention",
@@ -70,7 +74,12 @@ def _attention_model(b: int, s: int, d: int, heads: int, mask: str, causal: bool
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "bias")],
     )
     m = helper.make_model(
-        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+        g,
+        opset_imports=[
+            helper.make_opsetid("", 17),
+            helper.make_opsetid("com.microsoft", 1),
+            helper.make_opsetid("ai.onnxplug", 1),
+        ],
     )
     return m.SerializeToString()
 
@@ -85,6 +94,8 @@ def _attention_model(b: int, s: int, d: int, heads: int, mask: str, causal: bool
         (2, 200, "none", True),  # the warp-per-row softmax with 32 keys per lane
         (1, 1100, "3d", False),  # beyond 1024 keys: the block-per-row softmax
         (2, 1100, "none", True),
+        (2, 128, "bias", False),
+        (3, 64, "bias_zero_nan", True),  # with fully masked rows (-inf bias)
     ],
 )
 @pytest.mark.parametrize("graph", [False, True])
@@ -102,6 +113,12 @@ def test_attention_node_matches_cpu(dtype, b, s, mask, causal, graph):
         feeds["mask"] = m
     elif mask == "3d":
         feeds["mask"] = (rng.random((b, s, s)) > 0.3).astype(np.int32)
+    elif mask.startswith("bias"):
+        ab = rng.standard_normal((b, 1, s, s)).astype(dtype)
+        ab[rng.random((b, 1, s, s)) < 0.2] = -np.inf
+        if mask == "bias_zero_nan":
+            ab[0, 0, :3] = -np.inf  # rows masked everywhere: NaN probabilities become 0
+        feeds["attn_bias"] = ab
     from onnxplug_cuda import dnn
 
     opts = {"use_tf32": "0", "enable_cuda_graph": "1" if graph else "0"}

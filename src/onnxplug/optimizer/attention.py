@@ -593,7 +593,7 @@ def _projections(m: _Matcher, q: str, k: str, v: str) -> dict | None:
         if len(xs) != 1 or any(p.attrs.get("activation", "") for p in ps):
             return None
         ws = [inits.get(p.inputs[1]) for p in ps]
-        bs = [inits.get(p.inputs[2]) for p in ps]
+        bs = [inits.get(p.inputs[2]) if len(p.inputs) > 2 else None for p in ps]
         if any(w is None or w.ndim != 2 for w in ws) or any(b is None for b in bs):
             return None
         return {

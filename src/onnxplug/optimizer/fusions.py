@@ -579,27 +579,33 @@ def _reshape_after(g: Graph, reshape: Node | None, act: Node | None, value: str)
 
 
 def fuse_gemm_activation(g: Graph, policy: ProviderPolicy | None = None) -> int:
-    """Gemm(x, 2-D constant W, 1-D constant bias) [+ Reshape] + activation -> MatMulBias with
+    """Gemm(x, 2-D constant W[, 1-D constant bias]) [+ Reshape] + activation -> MatMulBias with
     the activation [+ the Reshape after it]: transformers' GPT-2 ``Conv1D`` (addmm on the 2-D
-    view, viewed back, then gelu_new) becomes one GEMM with a bias + GELU epilogue. Only
-    alpha = beta = 1 and transA = 0; transB = 1 where this Gemm is W's only reader (W is
-    stored transposed). A Gemm without an activation keeps its bias epilogue as it is."""
+    view, viewed back, then gelu_new) becomes one GEMM with a (bias +) GELU epilogue (an
+    exporter drops an all-zero bias: a Gemm without C). Only alpha = 1, beta = 1 (with C)
+    and transA = 0; transB = 1 where this Gemm is W's only reader (W is stored transposed). A
+    Gemm without an activation keeps its bias epilogue as it is."""
     view = _View(g)
     rw = _Rewriter(g, policy or ProviderPolicy())
     inits = g.initializers
     for gemm in g.nodes:
-        if gemm.op_type != "Gemm" or gemm.domain != "" or len(gemm.inputs) != 3:
+        if gemm.op_type != "Gemm" or gemm.domain != "" or len(gemm.inputs) not in (2, 3):
             continue
-        a, w_name, bias = gemm.inputs
+        a, w_name = gemm.inputs[:2]
+        bias = gemm.inputs[2] if len(gemm.inputs) == 3 else ""
         w = inits.get(w_name)
         at = gemm.attrs
         if w is None or w.ndim != 2 or a in inits or w.dtype.name not in _MATMUL_BIAS_TYPES:
             continue
-        if at.get("alpha", 1.0) != 1.0 or at.get("beta", 1.0) != 1.0 or at.get("transA", 0):
+        if at.get("alpha", 1.0) != 1.0 or at.get("transA", 0):
+            continue
+        if bias and at.get("beta", 1.0) != 1.0:
             continue
         trans_b = bool(at.get("transB", 0))
         n_out = w.shape[0] if trans_b else w.shape[1]
-        if view.dtype(a) != w.dtype.name or not view.vector(bias, n_out, w.dtype.name):
+        if view.dtype(a) != w.dtype.name:
+            continue
+        if bias and not view.vector(bias, n_out, w.dtype.name):
             continue
         if trans_b and len(view.readers.get(w_name, [])) != 1:
             continue
@@ -614,7 +620,8 @@ def fuse_gemm_activation(g: Graph, policy: ProviderPolicy | None = None) -> int:
             inits[w_name] = np.ascontiguousarray(w.T)
         out = act.outputs[0] if reshape is None else gemm.outputs[0]
         attrs = {"activation": kind}
-        new = _new_node(g, "MatMulBias", PLUG_DOMAIN, [a, w_name, bias], [out], attrs, gemm)
+        ins = [a, w_name, bias] if bias else [a, w_name]
+        new = _new_node(g, "MatMulBias", PLUG_DOMAIN, ins, [out], attrs, gemm)
         rw.add(nodes, act, [new, *_reshape_after(g, reshape, act, gemm.outputs[0])])
     return rw.apply()
 

@@ -101,8 +101,8 @@ class ConvSpec:
 class SdpaSpec:
     """A fused attention graph (cuDNN's SDPA, flash attention): query, key and value as
     (B, N, S, H) views with element strides (read in place from a packed projection), the
-    (B, N, S, Hv) output view, an optional dense (B, 1, S, T) additive bias, causal masking
-    (top-left aligned) and the scale of Q K^T."""
+    (B, N, S, Hv) output view, the dims of an optional dense (B or 1, N or 1, S, T) additive
+    bias, causal masking (top-left aligned) and the scale of Q K^T."""
 
     dtype: np.dtype
     q: tuple[int, ...]
@@ -112,7 +112,7 @@ class SdpaSpec:
     k_stride: tuple[int, ...]
     v_stride: tuple[int, ...]
     o_stride: tuple[int, ...]
-    bias: bool
+    bias: tuple[int, ...] | None
     causal: bool
     scale: float
 
@@ -462,8 +462,8 @@ class CudnnConv:
         k.set_uid(UID_K)
         v.set_uid(UID_V)
         kw: dict[str, Any] = {}
-        if spec.bias:
-            bd = [spec.q[0], 1, spec.q[2], spec.k[2]]
+        if spec.bias is not None:
+            bd = list(spec.bias)
             bias = g.tensor(name="BIAS", dim=bd, stride=_contiguous(bd), data_type=io)
             bias.set_uid(UID_BIAS)
             kw["bias"] = bias

@@ -11,8 +11,8 @@ float32 (float64 for float64) and zeroes NaN probabilities when ``zero_nan_proba
 set, then ``P @ V`` is a second strided-batched GEMM, transposed into the (B, S, N*Hv) output.
 Under the host simulation the GEMM engine's numpy path and the row kernel's numpy twin run.
 
-float16 Attention (prepared, no attention bias, no past, ``zero_nan_probabilities`` off) runs
-cuDNN's fused attention instead (``dnn.SdpaSpec``: flash attention through the frontend's SDPA
+float16 Attention (prepared, no past; a mask or an attention bias) runs cuDNN's fused
+attention instead (``dnn.SdpaSpec``: flash attention through the frontend's SDPA
 graph), reading Q/K/V in place from the projection and writing the context in place; with the
 projection and the mask's additive term it is captured as one CUDA graph of the node. Other
 cases, float32 and float64 (cuDNN has no fused attention for them) take the generic path.
@@ -402,8 +402,9 @@ class Attention(_AttentionBase):
         y = self.alloc(ctx, 0, (b, s, n * hv), dt)
         proj = self.gemm.prepare(ctx, x.reshape(b * s, din), w, qkv, bias=bias, dtype=dt)
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(h)
-        if attn_bias is None and not self.zero_nan and proj is not None:
-            fused = self._fused_sdpa(ctx, qkv, y, mask, (b, n, s, h, hv, dq, dk), scale, buf)
+        if proj is not None:
+            dims = (b, n, s, h, hv, dq, dk)
+            fused = self._fused_sdpa(ctx, qkv, y, mask, attn_bias, dims, scale, buf)
             if fused is not None:
                 work = bound_calls([proj, *fused])
                 return node_graph(self, ctx, work) or work
@@ -425,14 +426,27 @@ class Attention(_AttentionBase):
         return bound_calls(calls)
 
     def _fused_sdpa(
-        self, ctx: Any, qkv: Any, y: Any, mask: Any, dims: tuple, scale: float, buf: Any
+        self,
+        ctx: Any,
+        qkv: Any,
+        y: Any,
+        mask: Any,
+        attn_bias: Any,
+        dims: tuple,
+        scale: float,
+        buf: Any,
     ) -> list | None:
         """float16: cuDNN's fused attention (flash attention) reading the heads in place from
         the packed projection and writing the context in place into the output; a padding
-        mask becomes a dense (B, 1, S, S) additive bias made each run by one kernel. The
-        calls after the projection, or None where it does not apply (another dtype, a mask
-        layout or filter value it cannot express, no cuDNN, no engine for the shapes)."""
-        if qkv.dtype != np.float16:
+        mask, or the attention bias, becomes a dense (B or 1, 1 or N, S, S) float16 bias made
+        each run by one kernel. The calls after the projection, or None where it does not
+        apply (another dtype, both a mask and a bias, a layout or filter value it cannot
+        express, no cuDNN, no engine for the shapes).
+
+        ``zero_nan_probabilities``: masking never makes a NaN row here (a fully masked row
+        gives 0, as the GPU test checks against the CPU provider); NaN scores from NaN in the
+        query or key give NaN rows instead of 0 (see docs/onnxruntime-differences.md)."""
+        if qkv.dtype != np.float16 or (mask is not None and attn_bias is not None):
             return None
         eng = dnn.engine_for(self.ep)
         if eng is None:
@@ -446,13 +460,29 @@ class Attention(_AttentionBase):
             dnn.UID_V: int(qkv.data.ptr) + (dq + dk) * isz,
             dnn.UID_O: int(y.data.ptr),
         }
+        sh = self.stream_handle(ctx)
+        bias_dims = None
         if mask is not None:
             f = np.float16(self.mask_filter)
             if not np.isfinite(f) or mask.shape not in ((b, s), (b, s, s)):
                 return None
             mask4 = mask.reshape(b, 1, 1, s) if mask.ndim == 2 else mask.reshape(b, 1, s, s)
-            term = buf((b, 1, s, s), np.float16)
-            make = MASK_TERM.bind(self.xp, mask4, f, term, stream=self.stream_handle(ctx))
+            bias_dims = (b, 1, s, s)
+            term = buf(bias_dims, np.float16)
+            make = MASK_TERM.bind(self.xp, mask4, f, term, stream=sh)
+        elif attn_bias is not None:
+            if attn_bias.ndim > 4:
+                return None
+            bias4 = attn_bias.reshape((1,) * (4 - attn_bias.ndim) + attn_bias.shape)
+            bias_dims = (bias4.shape[0], bias4.shape[1], s, s)
+            if _broadcast(bias4.shape, bias_dims) != bias_dims or bias_dims[:2] not in (
+                (1, 1), (b, 1), (1, n), (b, n),
+            ):  # fmt: skip
+                return None
+            term = buf(bias_dims, np.float16)
+            kernel = F.COPY if bias4.dtype == np.float16 else F.CAST
+            make = kernel.bind(self.xp, bias4, term, stream=sh)
+        if bias_dims is not None:
             if make is None:
                 return None
             calls.append(make)
@@ -467,7 +497,7 @@ class Attention(_AttentionBase):
             k_stride=row,
             v_stride=(s * total, hv, total, 1),
             o_stride=(s * n * hv, hv, n * hv, 1),
-            bias=mask is not None,
+            bias=bias_dims,
             causal=self.causal,
             scale=float(scale),
         )

@@ -825,7 +825,8 @@ _EPILOGUES: dict[str, tuple[str | None, bool]] = {
 
 
 class MatMulBias(_Typed):
-    """``act(A @ B + bias)`` (ai.onnxplug): A's leading dims are folded into the GEMM's rows."""
+    """``act(A @ B [+ bias])`` (ai.onnxplug): A's leading dims are folded into the GEMM's rows;
+    without a bias, the activation alone is the epilogue."""
 
     @classmethod
     def claims(cls, node: Any, graph: Any) -> bool:
@@ -842,7 +843,7 @@ class MatMulBias(_Typed):
         if a.ndim == 0 or w.ndim != 2 or a.shape[-1] != w.shape[0]:
             raise ValueError(f"MatMulBias: shapes {list(a.shape)} and {list(w.shape)} do not align")
         k, n = w.shape
-        if bias.shape != (n,):
+        if bias is not None and bias.shape != (n,):
             raise ValueError(f"MatMulBias: bias {bias.shape} must have shape ({n},)")
         dt = self.dtype_of(ctx)
         y = self.alloc(ctx, 0, (*a.shape[:-1], n), dt)
@@ -854,8 +855,10 @@ class MatMulBias(_Typed):
 
     def prepare(self, ctx: KernelContext) -> Any:
         a, w, bias = self.arg(ctx, 0), self.arg(ctx, 1), self.arg(ctx, 2)
-        if a.ndim == 0 or w.ndim != 2 or a.shape[-1] != w.shape[0] or bias.shape != w.shape[1:]:
+        if a.ndim == 0 or w.ndim != 2 or a.shape[-1] != w.shape[0]:
             return None  # compute raises the error
+        if bias is not None and bias.shape != w.shape[1:]:
+            return None
         k, n = w.shape
         dt = self.dtype_of(ctx)
         y = self.alloc(ctx, 0, (*a.shape[:-1], n), dt)

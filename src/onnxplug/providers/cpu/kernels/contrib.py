@@ -19,7 +19,7 @@ optimized by onnxruntime's tools): the reference the CUDA kernels are compared w
 * ``com.microsoft`` ``MatMulNBits(A, B, scales, zero_points?, g_idx?, bias?)``: A times the
   block-quantized (2..8-bit) weight, dequantized per block of ``block_size`` along K.
 * ``com.microsoft`` ``QuantizeLinear``/``DequantizeLinear``: in ``quantize``, with the ONNX ops.
-* ``ai.onnxplug`` ``MatMulBias(A, B, bias)`` (``activation`` "", "Relu", "Gelu", "FastGelu"):
+* ``ai.onnxplug`` ``MatMulBias(A, B[, bias])`` (``activation`` "", "Relu", "Gelu", "FastGelu"):
   ``act(A @ B + bias)`` for an N-D ``A``, a 2-D ``B`` and a bias of B's column count.
 
 Like the other CPU kernels, float16/bfloat16 compute in float32 and round once at the end
@@ -159,11 +159,12 @@ class MatMulBias(Kernel):
         w = self.w if self.w is not None else wide(b)
         if a.ndim == 0 or w.ndim != 2 or a.shape[-1] != w.shape[0]:
             raise ValueError(f"MatMulBias: shapes {list(a.shape)} and {list(b.shape)} do not align")
-        if bias.shape != (w.shape[1],):
+        if bias is not None and bias.shape != (w.shape[1],):
             raise ValueError(f"MatMulBias: bias {bias.shape} must have shape ({w.shape[1]},)")
         rows = math.prod(a.shape[:-1])
         y = np.matmul(wide(a).reshape(rows, w.shape[0]), w)  # a new array: biased in place
-        y += wide(bias)
+        if bias is not None:
+            y += wide(bias)
         if self.act is not None:
             y = self.act(y)
         ctx.set_output(0, y.reshape(*a.shape[:-1], w.shape[1]).astype(a.dtype, copy=False))
