@@ -62,7 +62,7 @@ def launches(monkeypatch):
 
     class FakeLaunch:
         def __init__(self, fn, grid, block, stream, params, shared_mem=0, name=""):
-            made.append((grid, block, stream, list(params)))
+            made.append((grid, block, stream, list(params), fn))
 
     monkeypatch.setattr(L, "Launch", FakeLaunch)
     _Xp.sources.clear()
@@ -73,7 +73,7 @@ def test_scalars_are_passed_by_value_and_arrays_by_pointer(launches):
     x = _Array(np.zeros((4, 33), np.float32), 4096)
     y = _Array(np.zeros((4, 33), np.float32), 8192)
     F.UNARY_KERNELS["Celu"].plain.bind(_Xp, x, np.float32(2.0), y, stream=7)
-    (grid, block, stream, params) = launches[-1]
+    (grid, block, stream, params, _fn) = launches[-1]
     assert stream == 7
     assert params[0] is x and params[2] is y
     assert isinstance(params[1], np.float32)  # the attribute, by value
@@ -139,3 +139,32 @@ def test_collapse_merges_only_contiguous_runs():
     assert dims == [2, 12] and st == [[12, 1], [0, 1]]
     dims, st = L._collapse((1, 1), [[0, 0]])
     assert dims == [1] and st == [[0]]
+
+
+def test_head_transpose_copies_move_16_byte_units(launches):
+    """A (B, S, N, H) -> (B, N, S, H) float16 head copy out of a packed (B, S, 3*N*H)
+    projection: 16-byte units (8 elements), index arithmetic over the outer dims only."""
+    b, s, n, h = 2, 5, 3, 64
+    qkv = np.zeros((b, s, 3 * n * h), np.float16)
+    src = qkv[..., n * h : 2 * n * h].reshape(b, s, n, h).transpose(0, 2, 1, 3)
+    x = _Array(src, 4096 + n * h * 2)  # the K columns start 384 bytes in
+    y = _Array(np.zeros((b, n, s, h), np.float16), 8192)
+    F.COPY.bind(_Xp, x, y, stream=0)
+    fn, p = launches[-1][4], launches[-1][3][-1]
+    assert fn[0] == "ox_copy_units_16_i"
+    assert (p.n, p.row, p.ndim) == (b * n * s * h // 8, h // 8, 3)
+    units = 3 * n * h // 8  # a projection row, in units
+    assert [p.shape[d] for d in range(3)] == [b, n, s]
+    assert [p.ss[d] for d in range(3)] == [s * units, h // 8, units]
+    assert [p.sd[d] for d in range(3)] == [n * s * h // 8, s * h // 8, h // 8]
+
+
+def test_unit_width_follows_the_alignment(launches):
+    """A 6-byte row (three float16) takes 2-byte units; 8-byte rows 20 bytes apart 4-byte ones."""
+    a = np.zeros((4, 10), np.float16)
+    x = _Array(a[:, 2:5], 4096)
+    F.COPY.bind(_Xp, x, _Array(np.zeros((4, 3), np.float16), 8192), stream=0)
+    assert launches[-1][4][0] == "ox_copy_units_2_i"
+    x = _Array(a[:, 2:6], 4096)  # 8-byte rows, 20-byte row stride: 4-byte units
+    F.COPY.bind(_Xp, x, _Array(np.zeros((4, 4), np.float16), 8192), stream=0)
+    assert launches[-1][4][0] == "ox_copy_units_4_i"

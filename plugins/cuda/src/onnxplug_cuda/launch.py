@@ -385,7 +385,7 @@ def bind_unit_copy(xp: Any, src: Any, dst: Any, stream: int) -> Launch | None:
     thread, where the innermost (collapsed) dim is contiguous in both: index arithmetic per
     unit instead of per element (a (B, S, N, H) -> (B, N, S, H) head transpose of float16 runs
     8 elements per thread). None where the views do not fit (the generic kernel then copies)."""
-    if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype or dst.size == 0:
+    if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype or 0 in tuple(dst.shape):
         return None
     isz = dst.itemsize
     shape = tuple(dst.shape)
