@@ -8,13 +8,12 @@ go through pinned staging buffers, as with CUDA.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 import onnxplug as ox
 from onnxplug.framework import counters
+from tests.conftest import run_in_threads
 from tests.plugins import graphs
 from tests.plugins import virtual_device as vd
 
@@ -204,31 +203,20 @@ def test_a_released_graph_is_never_replayed(virt):
 
 def test_threads_replay_their_own_bound_graphs(virt):
     sess = graph_session(vd.NAME, graphs.chain("Relu", 2))
-    errors: list[BaseException] = []
-    start = threading.Barrier(2)
 
-    def worker(k: int) -> None:
-        try:
-            x = ox.OrtValue.ortvalue_from_numpy(np.zeros((4, 3), np.float32), "virt", 0)
-            y = ox.OrtValue.ortvalue_from_shape_and_type([4, 3], np.float32, "virt", 0)
-            io = sess.io_binding()
-            io.bind_ortvalue_input("x", x)
-            io.bind_ortvalue_output("y", y)
-            start.wait()
-            for i in range(8):
-                xi = rand(4, 3, seed=10 * k + i)
-                x.update_inplace(xi)
-                sess.run_with_iobinding(io)
-                np.testing.assert_array_equal(y.numpy(), np.maximum(xi, 0))
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+    def work(k: int) -> None:
+        x = ox.OrtValue.ortvalue_from_numpy(np.zeros((4, 3), np.float32), "virt", 0)
+        y = ox.OrtValue.ortvalue_from_shape_and_type([4, 3], np.float32, "virt", 0)
+        io = sess.io_binding()
+        io.bind_ortvalue_input("x", x)
+        io.bind_ortvalue_output("y", y)
+        for i in range(8):
+            xi = rand(4, 3, seed=10 * k + i)
+            x.update_inplace(xi)
+            sess.run_with_iobinding(io)
+            np.testing.assert_array_equal(y.numpy(), np.maximum(xi, 0))
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(work, 2)
     assert virt.stats.snapshot()["captured_graphs"] == 2
 
 

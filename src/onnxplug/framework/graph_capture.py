@@ -69,9 +69,9 @@ from .executor import (
     SignaturePlan,
     StepSpec,
     _end_run,
-    _run_error,
     _run_steps,
     _to_host,
+    raise_run_error,
     step_info,
 )
 from .memory import DeviceTensor
@@ -658,9 +658,9 @@ class _Binding:
         "staged",
     )
 
-    def __init__(self) -> None:
-        self.frame: Frame | None = None
-        self.fetch: Sequence[Any] = ()
+    def __init__(self, frame: Frame, fetch: Sequence[Any]) -> None:
+        self.frame = frame
+        self.fetch = fetch
         self.checks: list[tuple[int, Any]] = []  # (feed index, its value, or None: an array)
         self.staged: list[tuple[int, Any]] = []  # (feed index, call staging the array)
         self.pre: list[Any] = []  # copies before the launches
@@ -679,9 +679,7 @@ class _Binding:
         plan = runner.plan
         frame = ctx.frame
         transfer = plan.transfer
-        b = _Binding()
-        b.frame = frame
-        b.fetch = fetch
+        b = _Binding(frame, fetch)
         for k, v in enumerate(feeds):
             buf = frame.feed_bufs[k] if frame.feed_bufs else None
             if buf is None:
@@ -770,13 +768,7 @@ class _Binding:
                 copy()
             failed = False
         except Exception as e:
-            error = _run_error(None, e)
-            if error is e:
-                raise
-            try:
-                raise error from e
-            finally:
-                del error
+            raise_run_error(None, e)
         finally:
             _end_run(self.frame, failed)
         outs = list(self.outs)
