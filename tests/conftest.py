@@ -117,6 +117,14 @@ def virt_old_api(request: pytest.FixtureRequest) -> Iterator[vd.VirtualDeviceFac
 
 
 @pytest.fixture
+def virt_pinned() -> Iterator[vd.VirtualDeviceFactory]:
+    """The virtual device ``virt:5`` with pinned host memory, through which sessions stage
+    feeds and outputs (VirtualDevicePinnedExecutionProvider)."""
+    with registered(vd.PINNED_NAME, f"{VIRT}:create_pinned_factory") as f:
+        yield f
+
+
+@pytest.fixture
 def virt_arena() -> Iterator[vd.VirtualDeviceFactory]:
     """The virtual device ``virt:2`` whose sessions share one BFC arena
     (VirtualDeviceArenaExecutionProvider)."""

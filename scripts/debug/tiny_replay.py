@@ -1,6 +1,9 @@
 """Where the host time of a replayed run of a tiny model goes (Relu on 1x16, CUDA graphs):
-µs per run for plain ``run()`` and IOBinding, then cProfile's top functions of the IOBinding
-replays. On a GPU: ``python scripts/debug/tiny_replay.py [--top 25]``."""
+µs per run for plain ``run()`` and IOBinding (each on a session of its own, bound once), then
+cProfile's top functions of the IOBinding replays. On a GPU:
+``python scripts/debug/tiny_replay.py [--top 25]``; without one, ``--virtual`` runs it on the
+test suite's virtual device with pinned staging (its streams queue and replay Python closures:
+the figures are the host's Python, not CUDA's)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3000)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--virtual", action="store_true", help="the virtual test device, no GPU")
     args = ap.parse_args()
+    provider, options, device = CUDA, {"enable_cuda_graph": "1"}, ("cuda", 0)
+    if args.virtual:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.plugins import virtual_device as vd
+
+        ox.register_execution_provider_library(
+            vd.PINNED_NAME, "tests.plugins.virtual_device:create_pinned_factory"
+        )
+        provider, options, device = vd.PINNED_NAME, {"enable_graph": "1"}, ("virt", 5)
     g = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],
         "tiny",
@@ -30,18 +46,21 @@ def main() -> None:
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     x = np.ones((1, 16), np.float32)
-    s = ox.InferenceSession(m, providers=[(CUDA, {"enable_cuda_graph": "1"})])
-    io = s.io_binding()
-    io.bind_ortvalue_input("x", ox.OrtValue.ortvalue_from_numpy(x, "cuda", 0))
+    s = ox.InferenceSession(m, providers=[(provider, options)])
+    # IOBinding on a session of its own, bound once: a graph captured for run() and then fed
+    # bound values is captured again without the copies it held
+    sb = ox.InferenceSession(m, providers=[(provider, options)])
+    io = sb.io_binding()
+    io.bind_ortvalue_input("x", ox.OrtValue.ortvalue_from_numpy(x, *device))
     io.bind_ortvalue_output(
-        "y", ox.OrtValue.ortvalue_from_shape_and_type([1, 16], np.float32, "cuda", 0)
+        "y", ox.OrtValue.ortvalue_from_shape_and_type([1, 16], np.float32, *device)
     )
     for _ in range(50):
         s.run(None, {"x": x})
-        s.run_with_iobinding(io)
+        sb.run_with_iobinding(io)
     for name, fn in (
         ("run()", lambda: s.run(None, {"x": x})),
-        ("IOBinding", lambda: s.run_with_iobinding(io)),
+        ("IOBinding", lambda: sb.run_with_iobinding(io)),
     ):
         t0 = time.perf_counter()
         for _ in range(args.runs):
@@ -51,7 +70,7 @@ def main() -> None:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.runs):
-        s.run_with_iobinding(io)
+        sb.run_with_iobinding(io)
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
 

@@ -288,3 +288,67 @@ def test_the_steady_state_runs_prepared_calls():
         if spec is not None
     }
     assert "compute" not in calls.values(), calls
+
+
+def test_steady_iobinding_replay_holds_its_copies_and_takes_the_bound_path(monkeypatch):
+    """IOBinding bound once: the graph holds the copies from the bound input and to the bound
+    output, a steady replay is one launch and one synchronisation through the bound path (the
+    executor's general path is never entered), bit for bit equal to eager runs."""
+    from onnxplug.framework.executor import GraphRunner
+
+    model = block()
+    sess = graph_session(model)
+    eager = ox.InferenceSession(model, providers=[CUDA, CPU])
+    xv = ox.OrtValue.ortvalue_from_numpy(rand(2, 8, 32), "cuda", 0)
+    yv = ox.OrtValue.ortvalue_from_shape_and_type([2, 8, 32], np.float32, "cuda", 0)
+    io = sess.io_binding()
+    io.bind_ortvalue_input("x", xv)
+    io.bind_ortvalue_output("y", yv)
+    sess.run_with_iobinding(io)
+    (ctx,) = sess._runner.capture._contexts().values()
+    assert set(ctx.held_feeds) == {0} and set(ctx.held_outputs) == {0}
+
+    def general(*args, **kwargs):
+        raise AssertionError("a steady replay went through the executor's general path")
+
+    alloc = sess._runner.plan.allocators
+    with monkeypatch.context() as m:
+        m.setattr(GraphRunner, "_execute", general)
+        for i in range(4):
+            xi = rand(2, 8, 32, seed=i)
+            xv.update_inplace(xi)
+            before = counters.snapshot()
+            n = {d: a.get_stats()["NumAllocs"] for d, a in alloc.items()}
+            sess.run_with_iobinding(io)
+            d = counters.delta(before)
+            assert (d[counters.HOST_SYNCS], d[counters.GRAPH_REPLAYS]) == (1, 1)
+            assert d[counters.VIEWS_BUILT] == 0
+            assert all(a.get_stats()["NumAllocs"] == n[k] for k, a in alloc.items())
+            np.testing.assert_array_equal(yv.numpy(), eager.run(None, {"x": xi})[0])
+
+
+def test_plain_run_replay_holds_its_staging_copies():
+    sess = graph_session(block())
+    eager = ox.InferenceSession(block(), providers=[CUDA, CPU])
+    sess.run(None, {"x": rand(1, 8, 32)})
+    (ctx,) = sess._runner.capture._contexts().values()
+    assert ctx.held_feeds == {0: None} and ctx.held_outputs == {0: None}
+    for i in range(4):
+        x = rand(1, 8, 32, seed=i)
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], eager.run(None, {"x": x})[0])
+
+
+def test_rebinding_another_input_captures_again_without_held_copies():
+    model = block()
+    sess = graph_session(model)
+    eager = ox.InferenceSession(model, providers=[CUDA, CPU])
+    yv = ox.OrtValue.ortvalue_from_shape_and_type([2, 8, 32], np.float32, "cuda", 0)
+    io = sess.io_binding()
+    io.bind_ortvalue_output("y", yv)
+    for i in range(5):
+        x = rand(2, 8, 32, seed=i)
+        io.bind_ortvalue_input("x", ox.OrtValue.ortvalue_from_numpy(x, "cuda", 0))
+        sess.run_with_iobinding(io)
+        np.testing.assert_array_equal(yv.numpy(), eager.run(None, {"x": x})[0])
+    (ctx,) = sess._runner.capture._contexts().values()
+    assert ctx.state == "captured" and not ctx.hold_copies and not ctx.held_feeds

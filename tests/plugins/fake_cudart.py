@@ -7,7 +7,7 @@ which. It refuses what CUDA refuses (an event recorded on a stream of another de
 unknown device) and records every call with the device current at the time, so a test sees
 where the provider's code did its work. Device memory is host memory, so copies really copy.
 Install it with ``install(monkeypatch, fake)`` (it replaces ``cudart()`` in the plugin's
-modules).
+modules, and hides CuPy's runtime from them).
 """
 
 from __future__ import annotations
@@ -204,4 +204,7 @@ def install(monkeypatch: Any, fake: FakeCudart) -> None:
 
     for mod in (runtime, memory, stream, transfer):
         monkeypatch.setattr(mod, "cudart", lambda: fake)
+    # the per-run calls go through CuPy's runtime where CuPy is installed: not here
+    for mod in (runtime, stream):
+        monkeypatch.setattr(mod, "cupy_runtime", lambda: None)
     monkeypatch.setattr(runtime, "_peer_routes", {})

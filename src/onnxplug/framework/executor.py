@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -751,15 +751,7 @@ class GraphRunner:
                 pending = self._queue_outputs(frame, outs, fetch)
             failed = False
         except Exception as e:
-            error = _run_error(where[0], e)
-            if error is e:
-                raise
-            try:
-                raise error from e
-            finally:
-                # no reference cycle (error -> traceback -> this frame -> error) may keep the
-                # run's device memory alive until the garbage collector runs
-                del error
+            raise_run_error(where[0], e)
         finally:
             exit_scratch(prev)
             if failed:
@@ -1138,6 +1130,20 @@ def _run_error(step: Any, e: Exception) -> Exception:
     if info is None:
         return Fail(f"run failed: {type(e).__name__}: {e}")
     return Fail(_node_message(info, f"{type(e).__name__}: {e}"))
+
+
+def raise_run_error(step: Any, e: Exception) -> NoReturn:
+    """Raise, from the ``except`` block that caught ``e``, the error a run raises for it
+    (``_run_error``)."""
+    error = _run_error(step, e)
+    if error is e:
+        raise  # the exception being handled: e, with its own traceback
+    try:
+        raise error from e
+    finally:
+        # no reference cycle (error -> traceback -> the run's frame -> error) may keep the
+        # run's device memory alive until the garbage collector runs
+        del error
 
 
 def _end_run(frame: Frame, failed: bool) -> None:

@@ -27,6 +27,25 @@ Beyond onnxruntime:
   stream refuses to synchronise (``GraphCaptureViolation``); any error while capturing
   abandons the capture (a warning names the node), the segment runs eagerly and the graph
   stays disabled for that (signature, id, thread): a failed capture never breaks the session.
+
+The replay fast path (``_Binding``): a captured context whose program is all graphs binds,
+once per way of calling it (which feeds are arrays, which device values are bound, what each
+output is fetched as), the host work of a replay: the staging of each feed, the copies the
+graph does not hold, the launches, the streams to end and what each output becomes after the
+run's synchronisation. A replay checks that the call is still that one (identity of the bound
+values) and runs that list; anything else (a profiled run, a piecewise program, a value it
+was not bound for) takes the general path through the executor.
+
+A graph of one segment also **holds its feed and output copies**: the copy from a feed's
+pinned staging buffer (or from a bound device value) into the frame's feed buffer is captured
+at the start of the graph, and the copy of each output into its pinned staging buffer (or a
+bound output value) at its end, so a steady replay issues one launch and no copy from the
+host. The graph then reads and writes those objects' memory: the context remembers them, and
+a run that feeds or fetches anything else where the graph holds a bound value's copy (another
+OrtValue, an array where a device value was bound, an output no longer bound) never replays
+that graph: the context drops the held copies for good and captures again, with the copies
+made by the host from then on. Staging buffers belong to the frame, so those copies never
+read or write memory the user owns.
 """
 
 from __future__ import annotations
@@ -39,9 +58,23 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..errors import InvalidArgument
 from . import counters
-from .executor import Frame, GraphRunner, SignaturePlan, StepSpec, _run_steps, step_info
+from .executor import (
+    FETCH_HOST,
+    Frame,
+    GraphRunner,
+    SignaturePlan,
+    StepSpec,
+    _end_run,
+    _run_steps,
+    _to_host,
+    raise_run_error,
+    step_info,
+)
+from .memory import DeviceTensor
 
 GRAPH_ID_KEY = "gpu_graph_id"
 SKIP_CAPTURE = -1
@@ -144,6 +177,37 @@ class _Context:
         self.program: list[Any] = []  # step indices and _Segments, in run order
         self.segments: list[_Segment] = []
         self.export_slots: tuple[int, ...] = ()
+        # the copies the graph holds (see the module's docstring): whether the next capture
+        # may hold them, and what the captured graph holds, as (feed index -> the bound value,
+        # or None for the feed's pinned staging) and (output index -> the bound value, or
+        # None for the output's pinned staging)
+        self.hold_copies = True
+        self.held_feeds: dict[int, Any] = {}
+        self.held_outputs: dict[int, Any] = {}
+        self.binding: _Binding | None = None  # the replay fast path, bound for one call
+
+    def holds_copies_for(self, feeds: list[Any], fetch: Sequence[Any] | None) -> bool:
+        """Whether a replay of the captured graph reads and writes only what this call
+        feeds and fetches (the bound values the graph's held copies use are this call's)."""
+        for k, v in self.held_feeds.items():
+            if v is None:
+                if not isinstance(feeds[k], np.ndarray):
+                    return False
+            elif feeds[k] is not v:
+                return False
+        for i, v in self.held_outputs.items():
+            if v is not None and (fetch is None or fetch[i] is not v):
+                return False
+        return True
+
+    def drop_graphs(self) -> None:
+        """Release the captured graphs: the context warms up (at once) and captures again."""
+        self.res.release_graphs()
+        self.state = self.WARMING
+        self.held_feeds = {}
+        self.held_outputs = {}
+        self.binding = None
+        self.replay_body = None
 
     def close(self) -> None:
         self.released = True
@@ -221,6 +285,14 @@ class GraphCapture:
             with c.lock:
                 c.close()
         return len(found)
+
+    def forget_signature(self, sig_key: tuple) -> None:
+        """The runner evicted a signature plan: its contexts (on every thread) go with it."""
+        with self._lock:
+            found = [c for c in list(self._all) if c.sig_key == sig_key and not c.released]
+        for c in found:
+            with c.lock:
+                c.close()
 
     def release_all(self) -> None:
         with self._lock:
@@ -326,7 +398,19 @@ class GraphCapture:
                 if ctx.released:
                     continue  # released by another thread meanwhile: make a new one
                 if ctx.state == _Context.CAPTURED:
-                    return self._replay(ctx, feeds, run_options, fetch)
+                    b = ctx.binding
+                    if profiler is None and b is not None and b.matches(feeds, fetch):
+                        return b.run(feeds)
+                    if ctx.holds_copies_for(feeds, fetch):
+                        if profiler is None:
+                            b = ctx.binding = _Binding.of(ctx, feeds, fetch)
+                            if b is not None:
+                                return b.run(feeds)
+                        return self._replay(ctx, feeds, run_options, fetch)
+                    # the graph holds copies of other values than this call's: from now on
+                    # the host makes the copies (a graph captured again holds none of them)
+                    ctx.hold_copies = False
+                    ctx.drop_graphs()
                 if ctx.state == _Context.DISABLED or not ctx.segments:
                     return runner._execute(
                         ctx.frame, feeds, run_options, None, fetch, profiler=profiler
@@ -344,6 +428,8 @@ class GraphCapture:
     def _capture(
         self, ctx: _Context, feeds: list[Any], run_options: Any, fetch: Sequence[Any] | None
     ) -> list[Any]:
+        held = self._copies_to_hold(ctx, feeds, fetch) if ctx.hold_copies else None
+
         def body(frame: Frame, run_options: Any, where: list[Any]) -> None:
             values = frame.values
             steps = frame.steps
@@ -352,7 +438,7 @@ class GraphCapture:
                     if ctx.state == _Context.DISABLED:
                         _run_steps(steps[item.start : item.end], values, where, run_options)
                     else:
-                        self._capture_segment(ctx, item, frame, where, run_options)
+                        self._capture_segment(ctx, item, frame, where, run_options, held)
                 else:
                     _run_steps((steps[item],), values, where, run_options)
 
@@ -365,8 +451,79 @@ class GraphCapture:
             ctx.res.release_graphs()
         return outs
 
+    def _copies_to_hold(
+        self, ctx: _Context, feeds: list[Any], fetch: Sequence[Any] | None
+    ) -> _HeldCopies | None:
+        """The feed copies a graph of the whole model may hold (the module's docstring): from
+        each feed's pinned staging buffer, or from a bound device value, into the frame's
+        feed buffer, on the segment's stream. The output copies are found once the captured
+        steps have run (``_hold_output_copies``)."""
+        if len(ctx.program) != 1:
+            return None
+        (seg,) = ctx.program
+        if not isinstance(seg, _Segment) or seg.stream is None:
+            return None
+        runner = self.runner
+        plan = runner.plan
+        frame = ctx.frame
+        held = _HeldCopies()
+        for k, v in enumerate(feeds):
+            buf = frame.feed_bufs[k] if frame.feed_bufs else None
+            if buf is None or runner._feed_streams[k] != seg.ep_key:
+                continue
+            if isinstance(v, np.ndarray):
+                stage = frame.in_stage[k]
+                if stage is None:
+                    continue  # copied from the caller's array: read when the run is made
+                held.feeds[k] = None
+                held.feed_calls.append(plan.transfer.bind_copy(stage[0], buf, seg.stream))
+            elif (
+                isinstance(v, DeviceTensor)
+                and v is not buf
+                and v.ready is None
+                and v.device == buf.device
+                and v.shape == buf.shape
+                and v.dtype == buf.dtype
+            ):
+                held.feeds[k] = v
+                held.feed_calls.append(plan.transfer.bind_copy(v, buf, seg.stream))
+        for i, mode in enumerate(fetch or ()):
+            if mode is None or runner._output_streams[i] != seg.ep_key:
+                continue
+            if mode is FETCH_HOST:
+                st = frame.out_stage[i] if frame.out_stage else None
+                if st is not None:
+                    held.outputs[i] = (None, st[0])
+            elif isinstance(mode, DeviceTensor) and mode.ready is None:
+                held.outputs[i] = (mode, mode)
+        return held
+
+    def _hold_output_copies(self, held: _HeldCopies, seg: _Segment, frame: Frame) -> None:
+        """Queue, on the capturing stream, the copy of each output the graph holds: from the
+        value the captured steps left (the same object every replay) into its target."""
+        plan = self.runner.plan
+        for i, (bound, target) in list(held.outputs.items()):
+            v = frame.values[plan.output_slots[i]]
+            ok = (
+                isinstance(v, DeviceTensor)
+                and plan.output_slots[i] in seg.export_slots
+                and v.shape == target.shape
+                and v.dtype == target.dtype
+                and (bound is None or v.device == bound.device)
+            )
+            if not ok:
+                del held.outputs[i]  # the host copies it, as without a graph
+                continue
+            plan.transfer.bind_copy(v, target, seg.stream)()
+
     def _capture_segment(
-        self, ctx: _Context, seg: _Segment, frame: Frame, where: list[Any], run_options: Any
+        self,
+        ctx: _Context,
+        seg: _Segment,
+        frame: Frame,
+        where: list[Any],
+        run_options: Any,
+        held: _HeldCopies | None = None,
     ) -> None:
         values = frame.values
         steps = frame.steps[seg.start : seg.end]
@@ -378,7 +535,12 @@ class GraphCapture:
             c.capturing = True
             c.begin_hold()  # the temporaries the graph writes on every replay stay its own
         try:
+            if held is not None:
+                for copy in held.feed_calls:
+                    copy()
             _run_steps(steps, values, where, run_options)
+            if held is not None:
+                self._hold_output_copies(held, seg, frame)
             gid = next(_ids)
             self._end_holds(ctx, caches)
             ep.end_graph_capture(seg.stream, gid)
@@ -398,6 +560,9 @@ class GraphCapture:
             _run_steps(steps, values, where, run_options)
             return
         ctx.res.graphs.append((ep, gid))
+        if held is not None:
+            ctx.held_feeds = held.feeds
+            ctx.held_outputs = {i: bound for i, (bound, _) in held.outputs.items()}
         seg.graph_id = gid
         seg.imports = saved
         seg.exports = [(s, values[s]) for s in seg.export_slots]
@@ -460,6 +625,177 @@ class GraphCapture:
                     _run_steps((frame.steps[item],), values, where, run_options)
 
         return body
+
+
+class _HeldCopies:
+    """What a capture puts in the graph besides the steps (see ``_copies_to_hold``)."""
+
+    __slots__ = ("feed_calls", "feeds", "outputs")
+
+    def __init__(self) -> None:
+        self.feeds: dict[int, Any] = {}  # feed index -> the bound value (None: staging)
+        self.feed_calls: list[Any] = []
+        # output index -> (the bound value or None for staging, the copy's target)
+        self.outputs: dict[int, tuple[Any, Any]] = {}
+
+
+class _Binding:
+    """A captured context's replay for one way of calling it, bound once: which feeds are
+    arrays (and how each is staged) and which are device values (the same objects every
+    run), the copies the graph does not hold, the launches, and what each fetched output
+    becomes. ``of`` returns None where the general path is needed."""
+
+    __slots__ = (
+        "after",
+        "checks",
+        "fetch",
+        "frame",
+        "launches",
+        "n_launches",
+        "outs",
+        "post",
+        "pre",
+        "staged",
+    )
+
+    def __init__(self, frame: Frame, fetch: Sequence[Any]) -> None:
+        self.frame = frame
+        self.fetch = fetch
+        self.checks: list[tuple[int, Any]] = []  # (feed index, its value, or None: an array)
+        self.staged: list[tuple[int, Any]] = []  # (feed index, call staging the array)
+        self.pre: list[Any] = []  # copies before the launches
+        self.launches: list[tuple[Any, int]] = []  # (ep, graph id)
+        self.n_launches = 0
+        self.post: list[Any] = []  # copies after them
+        self.outs: list[Any] = []  # what the run returns, before ``after``
+        self.after: list[tuple[int, Any]] = []  # (output index, its value after the sync)
+
+    @staticmethod
+    def of(ctx: _Context, feeds: list[Any], fetch: Sequence[Any] | None) -> _Binding | None:
+        program = ctx.program
+        if fetch is None or not program or any(type(p) is not _Segment for p in program):
+            return None
+        runner = ctx.res.runner
+        plan = runner.plan
+        frame = ctx.frame
+        transfer = plan.transfer
+        b = _Binding(frame, fetch)
+        for k, v in enumerate(feeds):
+            buf = frame.feed_bufs[k] if frame.feed_bufs else None
+            if buf is None:
+                return None
+            key = runner._feed_streams[k]
+            stream = frame.streams.get(key) if key is not None else None
+            held = k in ctx.held_feeds
+            if isinstance(v, np.ndarray):
+                b.checks.append((k, None))
+                stage = frame.in_stage[k]
+                if stage is None:
+                    b.staged.append((k, _copier(transfer, buf, stream)))
+                elif held:
+                    b.staged.append((k, _stager(stage[1], None)))
+                else:
+                    b.staged.append(
+                        (k, _stager(stage[1], transfer.bind_copy(stage[0], buf, stream)))
+                    )
+            elif isinstance(v, DeviceTensor):
+                if v.ready is not None or v.device != buf.device or v.shape != buf.shape:
+                    return None
+                b.checks.append((k, v))
+                if not held and v is not buf:
+                    b.pre.append(transfer.bind_copy(v, buf, stream))
+            else:
+                return None
+        for seg in program:
+            b.launches.append((seg.ep, seg.graph_id))
+        b.n_launches = len(b.launches)
+        exported = {s: o for seg in program for s, o in seg.exports}
+        b.outs = [None] * len(fetch)
+        for i, mode in enumerate(fetch):
+            if mode is None:
+                continue
+            v = exported.get(plan.output_slots[i])
+            if not isinstance(v, DeviceTensor):
+                return None
+            key = runner._output_streams[i]
+            stream = frame.streams.get(key) if key is not None else None
+            held = i in ctx.held_outputs
+            if mode is FETCH_HOST:
+                st = frame.out_stage[i] if frame.out_stage else None
+                if st is not None and st[0].shape == v.shape and st[0].dtype == v.dtype:
+                    if not held:
+                        b.post.append(transfer.bind_copy(v, st[0], stream))
+                    b.after.append((i, st[1].copy))
+                else:
+                    b.after.append((i, lambda v=v: _to_host(v, plan)))
+            elif isinstance(mode, DeviceTensor):
+                if mode.ready is not None or (mode.shape, mode.dtype) != (v.shape, v.dtype):
+                    return None  # the general path says what is wrong
+                if not held:
+                    b.post.append(transfer.bind_copy(v, mode, stream))
+                b.outs[i] = mode
+            else:
+                return None  # a new device value, or a host array to copy into
+        return b
+
+    def matches(self, feeds: list[Any], fetch: Sequence[Any] | None) -> bool:
+        """Whether this call feeds and fetches as the one it was bound for."""
+        if fetch is not self.fetch:
+            if fetch is None:
+                return False
+            for a, b in zip(fetch, self.fetch):
+                if a is not b:
+                    return False
+        for k, want in self.checks:
+            if want is None:
+                if not isinstance(feeds[k], np.ndarray):
+                    return False
+            elif feeds[k] is not want:
+                return False
+        return True
+
+    def run(self, feeds: list[Any]) -> list[Any]:
+        failed = True
+        try:
+            for k, stage in self.staged:
+                stage(feeds[k])
+            for copy in self.pre:
+                copy()
+            for ep, gid in self.launches:
+                ep.replay_graph(gid)
+            counters.bump(counters.GRAPH_REPLAYS, self.n_launches)
+            for copy in self.post:
+                copy()
+            failed = False
+        except Exception as e:
+            raise_run_error(None, e)
+        finally:
+            _end_run(self.frame, failed)
+        outs = list(self.outs)
+        for i, done in self.after:
+            outs[i] = done()
+        return outs
+
+
+def _stager(host: np.ndarray, copy: Any) -> Any:
+    """Stage an array: into the pinned buffer, then (unless the graph holds it) the copy."""
+    if copy is None:
+        return lambda v: np.copyto(host, v)
+
+    def stage(v: np.ndarray) -> None:
+        np.copyto(host, v)
+        copy()
+
+    return stage
+
+
+def _copier(transfer: Any, buf: DeviceTensor, stream: Any) -> Any:
+    """Copy an array straight into the feed buffer (no pinned staging for its device)."""
+
+    def copy(v: np.ndarray) -> None:
+        transfer.copy(v if v.flags.c_contiguous else np.ascontiguousarray(v), buf, stream)
+
+    return copy
 
 
 __all__ = ["GRAPH_ID_KEY", "SKIP_CAPTURE", "GraphCapture", "annotation_id"]

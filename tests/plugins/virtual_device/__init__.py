@@ -13,6 +13,8 @@ Register it with::
 ``create_second_factory`` offers ``virt:1`` as "VirtualDevice1ExecutionProvider";
 ``create_arena_factory`` offers ``virt:2`` as "VirtualDeviceArenaExecutionProvider", whose
 sessions share one BFC arena over the device's memory;
+``create_pinned_factory`` offers ``virt:5`` as "VirtualDevicePinnedExecutionProvider", which also
+offers pinned host memory (sessions stage feeds and outputs through it, as with CUDA);
 ``create_shared_device_factory`` offers ``virt:0`` again as "VirtualDeviceBExecutionProvider"
 (two providers on one device, so values cross streams without copies);
 ``create_api1_factory`` and ``create_api2_factory`` offer ``virt:3`` and ``virt:4`` as
@@ -26,6 +28,7 @@ from .provider import NAME, VirtualDeviceEp, VirtualDeviceFactory
 from .stream import Stats, VirtDataTransfer, VirtNotification, VirtStream, VirtTimer
 
 SECOND_NAME = "VirtualDevice1ExecutionProvider"
+PINNED_NAME = "VirtualDevicePinnedExecutionProvider"
 SHARED_DEVICE_NAME = "VirtualDeviceBExecutionProvider"
 ARENA_NAME = "VirtualDeviceArenaExecutionProvider"
 API1_NAME = "VirtualDeviceApi1ExecutionProvider"
@@ -48,6 +51,10 @@ def create_arena_factory() -> VirtualDeviceFactory:
     return VirtualDeviceFactory(ARENA_NAME, 2, arena=True)
 
 
+def create_pinned_factory() -> VirtualDeviceFactory:
+    return VirtualDeviceFactory(PINNED_NAME, 5, pinned=True)
+
+
 def create_api1_factory() -> VirtualDeviceFactory:
     return VirtualDeviceFactory(API1_NAME, 3, arena=True, api_version=1)
 
@@ -61,6 +68,7 @@ __all__ = [
     "API2_NAME",
     "ARENA_NAME",
     "NAME",
+    "PINNED_NAME",
     "SECOND_NAME",
     "SHARED_DEVICE_NAME",
     "Stats",
@@ -75,6 +83,7 @@ __all__ = [
     "create_api2_factory",
     "create_arena_factory",
     "create_factory",
+    "create_pinned_factory",
     "create_second_factory",
     "create_shared_device_factory",
 ]

@@ -17,6 +17,7 @@ from onnxplug.ep import (
     InvalidArgument,
     KernelRegistry,
     MemoryInfo,
+    MemType,
     SessionConfig,
     SharedArenas,
     SyncStream,
@@ -164,6 +165,7 @@ class VirtualDeviceFactory(EpFactory):
         device_id: int = 0,
         arena: bool = False,
         api_version: int | None = None,
+        pinned: bool = False,
     ):
         if api_version is not None:  # a plugin written against an older API
             self.api_version = api_version
@@ -171,6 +173,14 @@ class VirtualDeviceFactory(EpFactory):
         self.device = Device("virt", device_id, VENDOR_ID, host_accessible=True)
         self.memory_info = MemoryInfo("Virt", self.device)
         self.allocator = VirtAllocator(self.memory_info)
+        # ``pinned``: the device also offers host memory it copies to and from asynchronously
+        # (like CUDA's pinned memory), which sessions use to stage feeds and outputs
+        self.pinned_info: MemoryInfo | None = None
+        self.pinned_allocator: VirtAllocator | None = None
+        if pinned:
+            host = Device("cpu", 0, VENDOR_ID, host_accessible=True)
+            self.pinned_info = MemoryInfo("VirtPinned", host, MemType.CPU_OUTPUT)
+            self.pinned_allocator = VirtAllocator(self.pinned_info)
         self.arenas = SharedArenas(name) if arena else None
         self.stats = Stats()
         self.eps_created = 0
@@ -192,6 +202,7 @@ class VirtualDeviceFactory(EpFactory):
                 ep_metadata={"virt_device_id": str(dev_id)},
                 ep_options={"device_id": str(dev_id)},
                 memory_info=self.memory_info,
+                host_accessible_memory_info=self.pinned_info,
                 factory=self,
             )
         ]
@@ -204,6 +215,8 @@ class VirtualDeviceFactory(EpFactory):
     def create_allocator(
         self, memory_info: MemoryInfo, options: Mapping[str, str] | None
     ) -> Allocator | None:
+        if self.pinned_info is not None and memory_info == self.pinned_info:
+            return self.pinned_allocator
         if memory_info.device != self.device:
             return None
         if self.arenas is None:

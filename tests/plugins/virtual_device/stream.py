@@ -254,14 +254,18 @@ class VirtDataTransfer(DataTransfer):
                     f"copy between different tensors: {src.dtype}{tuple(src.shape)} -> "
                     f"{dst.dtype}{tuple(dst.shape)}"
                 )
-            to_dev = isinstance(dst, DeviceTensor)
+            to_dev = isinstance(dst, DeviceTensor) and not dst.device.is_cpu
             if isinstance(src, DeviceTensor):
+                # a device or pinned host buffer: read when the copy runs on the stream
                 data = src.host_array()
-                self.stats.add("copies_d2d" if to_dev else "copies_d2h")
+                if src.device.is_cpu:
+                    self.stats.add("copies_h2d")
+                else:
+                    self.stats.add("copies_d2d" if to_dev else "copies_d2h")
             else:
                 # a host source is read now, like a pageable cudaMemcpyAsync: the caller may
                 # reuse its buffer as soon as we return
                 data = np.array(src, copy=True)
                 self.stats.add("copies_h2d")
-            target = dst.host_array() if to_dev else dst
+            target = dst.host_array() if isinstance(dst, DeviceTensor) else dst
             submit(stream, lambda t=target, d=data: np.copyto(t, d))

@@ -278,8 +278,12 @@ class CudaEp(Ep):
             raise InvalidArgument(
                 f"CUDA graph replay error: graph not found for id {graph_annotation_id}"
             ) from None
-        with self.device_guard():
+        if getattr(self._run_tokens, "token", None) is not None:
+            # inside this thread's run, whose start made the device current (on_run_start)
             err = self.backend.launch_graph(exe, stream.handle)
+        else:
+            with self.device_guard():
+                err = self.backend.launch_graph(exe, stream.handle)
         if err:
             raise EPFail(f"CUDA graph launch error: {err}")
 

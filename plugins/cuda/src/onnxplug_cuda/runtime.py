@@ -38,6 +38,17 @@ def cudart() -> Any:
     return runtime
 
 
+@functools.cache
+def cupy_runtime() -> Any:
+    """CuPy's CUDA runtime module, or None without CuPy. Its Cython calls cost a fraction of
+    cuda.bindings' (no result tuple, no enum object): the per-run calls use it."""
+    try:
+        from cupy.cuda import runtime
+    except ImportError:
+        return None
+    return runtime
+
+
 class CudaError(EPFail):
     pass
 
@@ -124,6 +135,15 @@ class DeviceGuard:
         self.prev = -1
 
     def __enter__(self) -> None:
+        fast = cupy_runtime()
+        if fast is not None:
+            try:
+                self.prev = fast.getDevice()
+                if self.prev != self.ordinal:
+                    fast.setDevice(self.ordinal)
+            except Exception as e:  # CuPy's CUDARuntimeError
+                raise CudaError(f"selecting CUDA device {self.ordinal} failed: {e}") from e
+            return
         rt = cudart()
         self.prev = check(rt.cudaGetDevice(), "cudaGetDevice")
         if self.prev != self.ordinal:

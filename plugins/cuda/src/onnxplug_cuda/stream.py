@@ -14,7 +14,15 @@ from onnxplug.ep import (
     counters,
 )
 
-from .runtime import CAPTURING, CudaError, DeviceGuard, check, cudart, release_deferred
+from .runtime import (
+    CAPTURING,
+    CudaError,
+    DeviceGuard,
+    check,
+    cudart,
+    cupy_runtime,
+    release_deferred,
+)
 
 
 class CudaNotification(SyncNotification):
@@ -211,7 +219,14 @@ class CudaSyncStream(SyncStream):
         if not self.owned and self.is_capturing():
             return  # never synchronise a user's stream while its owner captures a graph
         counters.bump(counters.HOST_SYNCS)
-        check(cudart().cudaStreamSynchronize(self._handle), "cudaStreamSynchronize")
+        fast = cupy_runtime()
+        if fast is None:
+            check(cudart().cudaStreamSynchronize(self._handle), "cudaStreamSynchronize")
+            return
+        try:
+            fast.streamSynchronize(self._handle)
+        except Exception as e:  # CuPy's CUDARuntimeError
+            raise CudaError(f"cudaStreamSynchronize failed: {e}") from e
 
     def on_session_run_end(self) -> None:
         self.flush()
