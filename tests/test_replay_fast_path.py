@@ -257,3 +257,27 @@ def test_steady_replays_take_the_bound_path(virt_pinned, monkeypatch):
     np.testing.assert_array_equal(y.numpy(), np.maximum(rand(2, 2, seed=1), 0))
     (got,) = plain.run(None, {"x": rand(2, 2, seed=2)})
     np.testing.assert_array_equal(got, np.maximum(rand(2, 2, seed=2), 0))
+
+
+def test_warm_up_runs_stage_feeds_as_the_capture_does(virt, monkeypatch):
+    """A bound device input is copied into the frame's feed buffer in the warm-up runs too: a
+    kernel prepared in a warm-up binds the buffer the captured graph reads (bound to the
+    user's value instead, the capture found other pointers, fell back to the unprepared
+    call, whose scratch request the warm-up never made, and abandoned the graph on CUDA)."""
+    from onnxplug.framework.executor import GraphRunner
+
+    modes: list[bool] = []
+    execute = GraphRunner._execute
+
+    def spy(self, frame, feeds, run_options, recorder, fetch, body=None, graph_mode=False, *a, **k):
+        modes.append(graph_mode)
+        return execute(self, frame, feeds, run_options, recorder, fetch, body, graph_mode, *a, **k)
+
+    monkeypatch.setattr(GraphRunner, "_execute", spy)
+    sess, io, x, y = bound_session(virt, graphs.chain("Relu", 3), (3, 4))
+    x.update_inplace(rand(3, 4))
+    sess.run_with_iobinding(io)  # the recording run, warm-up runs and the capture
+    # the recording run's frame is never reused; every run of the capturing context's frame
+    # (warm-ups, then the capture) stages its feeds as the graph will read them
+    assert len(modes) >= 3 and all(modes[1:]), modes
+    np.testing.assert_array_equal(y.numpy(), np.maximum(x.numpy(), 0))

@@ -418,8 +418,11 @@ class GraphCapture:
                 for _ in range(MAX_WARMUP_RUNS):
                     if ctx.runs >= self.min_runs and ctx.frame_runs >= 1:
                         return self._capture(ctx, feeds, run_options, fetch)
+                    # feeds staged as the capture will stage them (a device feed copied
+                    # into the frame's buffer): the prepared calls bind the buffers the
+                    # graph reads, not a bound value that the capture then replaces
                     outs = runner._execute(
-                        ctx.frame, feeds, run_options, None, fetch, profiler=profiler
+                        ctx.frame, feeds, run_options, None, fetch, None, True, profiler=profiler
                     )
                     ctx.runs += 1
                     ctx.frame_runs += 1
