@@ -121,3 +121,55 @@ def test_a_cuda_session_imports_neither_cupyx_nor_scipy():
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == "[]"
+
+
+# nvmath's import on a thread of its own -------------------------------------------------------
+
+
+@pytest.fixture
+def blas(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGIN_SRC))
+    from onnxplug_cuda import blas
+
+    monkeypatch.setattr(blas, "_engines", {})
+    monkeypatch.setattr(blas, "_warned_no_nvmath", False)
+    return blas
+
+
+def test_a_background_import_runs_on_its_own_thread(blas, tmp_path, monkeypatch):
+    (tmp_path / "slow_mod_for_bg_import.py").write_text(
+        "import threading, time\ntime.sleep(0.2)\nTHREAD = threading.current_thread().name\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_mod_for_bg_import", raising=False)
+    bg = blas.BackgroundImport("slow_mod_for_bg_import")
+    bg.wait()  # never started: nothing to wait for
+    bg.start()
+    bg.start()  # once
+    bg.wait()
+    mod = sys.modules["slow_mod_for_bg_import"]
+    assert mod.THREAD == "onnxplug-import-slow_mod_for_bg_import"
+    import slow_mod_for_bg_import  # noqa: F401  (the module is there for the caller's import)
+
+
+def test_a_failed_background_import_is_raised_where_the_modules_are_needed(blas, monkeypatch):
+    """nvmath missing: the engine's first use sees the ImportError, warns once and uses CuPy's
+    matmul, as when it imported nvmath itself."""
+    bg = blas.BackgroundImport("no_such_module_onnxplug_test.cublasLt")
+    monkeypatch.setattr(blas, "NVMATH", bg)
+    bg.start()
+    with pytest.raises(ModuleNotFoundError, match="no_such_module_onnxplug_test"):
+        bg.wait()
+
+    class Ep:
+        ordinal = 0
+
+        class options:
+            use_tf32 = False
+
+        class backend:
+            xp = object()  # a GPU array module: not numpy
+
+    with pytest.warns(RuntimeWarning, match="nvmath-python is not importable.*no_such_module"):
+        eng = blas.engine_for(Ep())
+    assert isinstance(eng, blas.XpGemm)
