@@ -53,3 +53,43 @@ def test_the_node_suite_cases_import_neither_cupyx_nor_scipy():
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["cases"] > 100
     assert out["first"] is None, f"{out['first'][1]} imported by case {out['first'][0]}"
+
+
+def test_nvmath_is_imported_beside_the_session_set_up():
+    """The CUDA backend starts nvmath's import on a thread of its own; the first MatMul joins
+    it and runs through cuBLASLt (not the CuPy fallback)."""
+    script = textwrap.dedent(
+        """
+        import json
+        import numpy as np
+        from onnx import TensorProto, helper
+        import onnxplug as ox
+        from onnxplug_cuda import blas
+
+        g = helper.make_graph(
+            [helper.make_node("MatMul", ["a", "b"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, [64, 64]) for n in "ab"],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+        )
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        s = ox.InferenceSession(m.SerializeToString(), providers=["CUDAExecutionProvider"])
+        # small whole numbers: exact in TF32 and in any summation order
+        a = np.random.default_rng(0).integers(-3, 4, (64, 64)).astype(np.float32)
+        (y,) = s.run(None, {"a": a, "b": a.T.copy()})
+        thread = blas.NVMATH._thread
+        print(json.dumps({
+            "started": thread is not None,
+            "alive": thread is not None and thread.is_alive(),
+            "cublaslt": blas.stats["cublaslt"],
+            "close": bool(np.array_equal(y, a @ a.T)),
+        }))
+        """
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out == {"started": True, "alive": False, "cublaslt": out["cublaslt"], "close": True}
+    assert out["cublaslt"] > 0
