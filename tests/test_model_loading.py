@@ -344,7 +344,7 @@ def cpu_without(monkeypatch):
         for op in ops:
             reg._by_op.pop(("", op), None)
         assert not any(reg.has_op(op) for op in ops)
-        monkeypatch.setattr(cpu_factory, "cpu_registry", lambda: reg)
+        monkeypatch.setattr(cpu_factory.CpuEp, "get_kernel_registry", lambda self: reg)
 
     return remove
 
