@@ -201,12 +201,7 @@ class StrictBackend(NumpyBackend):
 
 
 class StrictSimFactory(CudaSimEpFactory):
-    def backend_for(self, ordinal: int) -> Any:
-        with self._lock:
-            b = self._backends.get(ordinal)
-            if b is None:
-                b = self._backends[ordinal] = StrictBackend(ordinal, self._device(ordinal))
-            return b
+    backend_class = StrictBackend
 
 
 def create_factory() -> StrictSimFactory:
