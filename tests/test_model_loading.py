@@ -5,6 +5,7 @@ opset/IR version limits."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,69 @@ def _tv(name, shape, elem=F):
 def _run(model, feeds, **kw):
     src = model if isinstance(model, (str, os.PathLike)) else model.SerializeToString()
     return ox.InferenceSession(src, providers=CPU, **kw).run(None, feeds)
+
+
+# the model file ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
+def test_a_model_file_is_parsed_into_a_copy_of_its_bytes(tmp_path, rng, monkeypatch, mapped):
+    """The file is parsed from a mapping of its pages (or read, where the file system cannot
+    map it): the proto owns its weights, so rewriting or deleting the file afterwards changes
+    nothing."""
+    from onnxplug.ir import model as ir_model
+
+    if not mapped:
+
+        def no_mmap(*a, **k):
+            raise OSError("this file system cannot map files")
+
+        monkeypatch.setattr(ir_model.mmap, "mmap", no_mmap)
+    m, w, b = _affine_model(rng)
+    path = tmp_path / "affine.onnx"
+    onnx.save(m, str(path))
+    proto, base_dir = ir_model.load_model_proto(path)
+    path.write_bytes(b"\0" * path.stat().st_size)
+    path.unlink()
+    assert base_dir == tmp_path.resolve()
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    np.testing.assert_array_equal(inits["W"], w)
+    np.testing.assert_array_equal(inits["B"], b)
+
+
+def test_an_empty_model_file_is_not_an_onnx_model(tmp_path):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    with pytest.raises(errors.InvalidProtobuf, match="empty.onnx failed: not an ONNX model"):
+        ox.InferenceSession(str(path), providers=CPU)
+
+
+@pytest.mark.parametrize(
+    ("marker", "where"),
+    [
+        (b"WNAME", "model.graph.initializer[0].name"),
+        (b"NDOC", "model.graph.node[0].doc_string"),
+        (b"XDIM", "model.graph.input[0].type.tensor_type.shape.dim[0].dim_param"),
+    ],
+)
+def test_non_utf8_text_deep_in_the_model_is_named(rng, marker, where):
+    m, _, _ = _affine_model(rng)
+    m.graph.initializer[0].name = "WNAME"
+    m.graph.node[0].doc_string = "NDOC"
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "XDIM"
+    data = m.SerializeToString().replace(marker, marker[:1] + b"\xff\xfe" + marker[3:])
+    with pytest.raises(errors.InvalidProtobuf, match=rf"{re.escape(where)} is not valid UTF-8"):
+        ox.InferenceSession(data, providers=CPU)
+
+
+def test_the_text_check_reads_no_tensor_bytes():
+    """check_proto's UTF-8 check reads string and message fields by name: never a tensor's
+    raw_data, which ``ListFields`` would copy out of the proto (1 s of BERT-base's load)."""
+    from onnxplug.ir.validate import _text_fields
+
+    names = {f.name for f in _text_fields(TensorProto.DESCRIPTOR)}
+    assert "raw_data" not in names and "string_data" not in names
+    assert {"name", "doc_string", "external_data"} <= names
 
 
 # external data --------------------------------------------------------------------------------
@@ -280,7 +344,7 @@ def cpu_without(monkeypatch):
         for op in ops:
             reg._by_op.pop(("", op), None)
         assert not any(reg.has_op(op) for op in ops)
-        monkeypatch.setattr(cpu_factory, "cpu_registry", lambda: reg)
+        monkeypatch.setattr(cpu_factory.CpuEp, "get_kernel_registry", lambda self: reg)
 
     return remove
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -286,3 +287,51 @@ def test_the_virtual_device_plugin_sees_only_the_plugin_api():
             for name in names:
                 top = name.split(".")[0]
                 assert name in allowed or top in allowed - {"onnxplug"}, f"{path.name}: {name}"
+
+
+def test_a_deferred_registry_is_built_once_on_its_first_query():
+    from onnxplug.ep import DeferredKernelRegistry, Kernel, KernelRegistry
+
+    builds = []
+
+    def build() -> KernelRegistry:
+        builds.append(1)
+        reg = KernelRegistry("P")
+        reg.kernel("Relu", since=6)(Kernel)
+        return reg
+
+    reg = DeferredKernelRegistry("P", build)
+    assert reg.provider == "P" and not reg.built and not builds
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(reg.has_op("Relu"))) for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [True] * 8 and builds == [1] and reg.built
+    assert reg.lookup("Relu", "", 14) is not None and reg.lookup("Relu", "", 5) is None
+    assert [d.op_type for d in reg.kernel_defs()] == ["Relu"]
+    with pytest.raises(AttributeError):
+        reg.no_such_attribute  # noqa: B018
+
+
+def test_the_cpu_providers_deferred_registry_has_every_cpu_kernel():
+    from onnxplug.ep import SessionConfig
+    from onnxplug.providers.cpu.factory import CpuEpFactory
+    from onnxplug.providers.cpu.kernels import cpu_registry, native_modules
+
+    def registry():
+        return CpuEpFactory().create_ep([], SessionConfig({})).get_kernel_registry()
+
+    def keys(r):
+        return sorted((d.domain, d.op_type, d.since_version) for d in r.kernel_defs())
+
+    reg = registry()
+    assert reg is registry()  # one per process
+    assert keys(reg) == keys(cpu_registry())
+    assert len(reg.kernel_defs()) > 400
+    # every native kernel module registered something, and the reference long tail is there
+    assert len(native_modules()) > 15
+    assert reg.has_op("Conv") and reg.has_op("Hardmax") and reg.has_op("If")

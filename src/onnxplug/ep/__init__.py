@@ -27,6 +27,7 @@ from ..framework.arena import (
 )
 from ..framework.control_flow import IfKernel, LoopKernel, ScanKernel
 from ..framework.kernel import (
+    DeferredKernelRegistry,
     Kernel,
     KernelContext,
     KernelDef,
@@ -93,6 +94,7 @@ __all__ = [
     "BFCArena",
     "CountingAllocator",
     "DataTransfer",
+    "DeferredKernelRegistry",
     "Device",
     "DeviceTensor",
     "DeviceTimer",

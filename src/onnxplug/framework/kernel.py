@@ -15,6 +15,7 @@ attributes, pre-pack constant weights) and ``compute(ctx)`` is called for every 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,6 +184,30 @@ class KernelRegistry:
     def merge(self, other: KernelRegistry) -> None:
         for key, entries in other._by_op.items():
             self._by_op.setdefault(key, []).extend(entries)
+
+
+class DeferredKernelRegistry(KernelRegistry):
+    """A registry built by ``build()`` on its first query, not when a provider hands it out:
+    the CPU provider's imports every kernel module and onnx.reference (0.17 s of a session's
+    creation), which a session whose nodes all go to another provider never asks for."""
+
+    def __init__(self, provider: str, build: Callable[[], KernelRegistry]):
+        # no ``_by_op`` yet: its first read (every query goes through it) builds it
+        self.provider = provider
+        self._build = build
+        self._build_lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "_by_op":
+            raise AttributeError(name)
+        with self._build_lock:
+            if "_by_op" not in self.__dict__:
+                self._by_op = self._build()._by_op
+        return self._by_op
+
+    @property
+    def built(self) -> bool:
+        return "_by_op" in self.__dict__
 
 
 # ---------------------------------------------------------------------------------------------

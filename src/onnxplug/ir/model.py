@@ -9,6 +9,7 @@ ops are expanded later, by the partitioner, only where no provider has a kernel 
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import stat
 from pathlib import Path
@@ -33,7 +34,7 @@ def load_model_proto(
         proto = _parse(bytes(model), "<bytes>")
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)
-        proto = _parse(_read_model_file(path), str(path))
+        proto = _parse_model_file(path)
         base_dir = path.resolve().parent
     else:
         raise InvalidArgument(
@@ -57,8 +58,25 @@ def load_model_proto(
 _MAX_PROTO_BYTES = 2**31 - 1
 
 
-def _read_model_file(path: Path) -> bytes:
-    """The bytes of a model file; anything but a regular file (a directory, a FIFO, /dev/zero)
+def _parse_model_file(path: Path) -> ModelProto:
+    """A model file parsed straight from its pages (mapped, not read into a copy first: a
+    400 MB model spent as long in ``read`` as in parsing)."""
+    size = _model_file_size(path)
+    with open(path, "rb") as f:
+        try:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except (OSError, ValueError):  # a file system that cannot map files
+            mapped = None
+        if mapped is None:
+            # the size stat saw, not the 2 GiB bound: read(n) reserves n bytes up front
+            return _parse(f.read(size), str(path))
+    # protobuf copies what it keeps out of the buffer: the mapping can go once it has parsed
+    with mapped, memoryview(mapped) as view:
+        return _parse(view, str(path))
+
+
+def _model_file_size(path: Path) -> int:
+    """The size of a model file; anything but a regular file (a directory, a FIFO, /dev/zero)
     and files protobuf cannot parse are refused before a byte is read."""
     if "\0" in str(path):
         raise InvalidArgument(f"Load model from {str(path)!r} failed: the path has a NUL byte")
@@ -79,12 +97,10 @@ def _read_model_file(path: Path) -> bytes:
             f"Load model from {path} failed: the file has {st.st_size} bytes; a protobuf "
             "message holds at most 2 GiB (larger models keep their weights as external data)"
         )
-    with open(path, "rb") as f:
-        # the size stat saw, not the 2 GiB bound: read(n) reserves n bytes up front
-        return f.read(st.st_size)
+    return st.st_size
 
 
-def _parse(data: bytes, where: str) -> ModelProto:
+def _parse(data: bytes | memoryview, where: str) -> ModelProto:
     proto = ModelProto()
     try:
         proto.ParseFromString(data)

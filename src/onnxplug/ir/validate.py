@@ -65,19 +65,27 @@ def check_proto(proto: ModelProto) -> None:
 def _check_text(msg: Any, where: str) -> None:
     """Every string field is UTF-8 text (protobuf hands other bytes back as ``bytes``, which
     would fail later, far from the cause, as a raw UnicodeDecodeError or a name mismatch)."""
-    for fd, value in msg.ListFields():
+    for fd in _text_fields(msg.DESCRIPTOR):
         if fd.type == fd.TYPE_STRING:
+            value = getattr(msg, fd.name)
             items = value if _repeated(fd) else (value,)
             for k, v in enumerate(items):
                 if isinstance(v, bytes):
                     at = f"{fd.name}[{k}]" if _repeated(fd) else fd.name
                     raise InvalidProtobuf(f"{where}.{at} is not valid UTF-8 text: {v[:40]!r}")
-        elif fd.type == fd.TYPE_MESSAGE:
-            if _repeated(fd):
-                for k, v in enumerate(value):
-                    _check_text(v, f"{where}.{fd.name}[{k}]")
-            else:
-                _check_text(value, f"{where}.{fd.name}")
+        elif _repeated(fd):
+            for k, v in enumerate(getattr(msg, fd.name)):
+                _check_text(v, f"{where}.{fd.name}[{k}]")
+        elif msg.HasField(fd.name):
+            _check_text(getattr(msg, fd.name), f"{where}.{fd.name}")
+
+
+@functools.cache
+def _text_fields(descriptor: Any) -> tuple[Any, ...]:
+    """The string and message fields of a message type: what ``_check_text`` reads, by name,
+    so that a tensor's ``raw_data`` is never copied out of the proto (``ListFields`` would
+    copy every value, hundreds of MB for a large model's weights)."""
+    return tuple(f for f in descriptor.fields if f.type in (f.TYPE_STRING, f.TYPE_MESSAGE))
 
 
 def _repeated(fd: Any) -> bool:

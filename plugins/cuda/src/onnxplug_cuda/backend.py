@@ -23,6 +23,9 @@ class CupyBackend:
     """CuPy on one CUDA device."""
 
     def __init__(self, ordinal: int, device: Device):
+        from .blas import NVMATH
+
+        NVMATH.start()  # cuBLASLt's bindings load beside CuPy and the session's set-up
         import cupy
 
         self.xp = cupy

@@ -23,6 +23,7 @@ strides cannot be collapsed into one stride are looped over in Python.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import threading
 import warnings
 from typing import Any
@@ -321,6 +322,7 @@ class LtGemm:
     kind = "cublaslt"
 
     def __init__(self, xp: Any, ordinal: int, use_tf32: bool):
+        NVMATH.wait()
         from nvmath.bindings import cublas, cublasLt
 
         self.xp = xp
@@ -757,6 +759,50 @@ class LtGemm:
 
 # ---------------------------------------------------------------------------------------------
 # engine selection
+
+
+class BackgroundImport:
+    """Modules imported on a thread of their own, started early and joined where first used.
+
+    ``import nvmath.bindings.cublasLt`` costs 0.5 s on an H100 host (nvmath's package import
+    loads cuFFT, cuRAND, cuSOLVER, cuSPARSE and cuTENSOR and imports all of nvmath), and the
+    first Conv/MatMul kernel of a session needs it: started when the provider's GPU backend is
+    made, it runs beside the session's other set-up. ``wait`` re-raises what the import raised,
+    so that the caller sees the error it would have seen importing the modules itself."""
+
+    def __init__(self, *modules: str):
+        self.modules = modules
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"onnxplug-import-{self.modules[0]}", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for name in self.modules:
+                importlib.import_module(name)
+        except BaseException as e:  # re-raised by wait(), in the thread that needs the modules
+            self._error = e
+
+    def wait(self) -> None:
+        """Block until the background import is done (at once when it never started) and
+        re-raise its error."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            if self._error is not None:
+                raise self._error
+
+
+# cuBLASLt's bindings (and cuBLAS's enums), what LtGemm needs
+NVMATH = BackgroundImport("nvmath.bindings.cublasLt", "nvmath.bindings.cublas")
 
 _engines: dict[tuple, Any] = {}
 _engines_lock = threading.Lock()

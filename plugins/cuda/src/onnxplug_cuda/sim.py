@@ -154,6 +154,7 @@ class CudaSimEpFactory(CudaEpFactory):
     vendor = "onnxplug"
     device_type = SIM_TYPE
     dlpack_device_type = None  # host memory: exchanged through DLPack as host memory
+    backend_class: type[NumpyBackend] = NumpyBackend  # tests model CuPy's dispatch with theirs
 
     def dlpack_import_stream(self, device: Device) -> Any:
         return None
@@ -168,7 +169,7 @@ class CudaSimEpFactory(CudaEpFactory):
         with self._lock:
             b = self._backends.get(ordinal)
             if b is None:
-                b = self._backends[ordinal] = NumpyBackend(ordinal, self._device(ordinal))
+                b = self._backends[ordinal] = self.backend_class(ordinal, self._device(ordinal))
             return b
 
     def _device(self, ordinal: int) -> Device:

@@ -7,6 +7,7 @@ from typing import Any
 from onnxplug.ep import (
     CPU,
     CPU_MEMORY,
+    DeferredKernelRegistry,
     Ep,
     EpDevice,
     EpFactory,
@@ -21,6 +22,8 @@ from .threads import BLAS_THREADS
 NAME = "CPUExecutionProvider"
 # the session's intra_op_num_threads, as the session hands it to its providers
 THREADS_KEY = "session.intra_op_num_threads"
+# built on its first query: a session whose nodes all go to another provider never asks
+_REGISTRY = DeferredKernelRegistry(NAME, cpu_registry)
 
 
 class CpuEp(Ep):
@@ -32,7 +35,7 @@ class CpuEp(Ep):
         self.threads = int(config.get(THREADS_KEY, "0") or 0)  # 0: the libraries' defaults
 
     def get_kernel_registry(self) -> KernelRegistry:
-        return cpu_registry()
+        return _REGISTRY
 
     def on_run_start(self, run_options: Any) -> None:
         if self.threads:

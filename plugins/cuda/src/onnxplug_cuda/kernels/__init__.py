@@ -1,5 +1,12 @@
 """CUDA kernels, one module per op family. Every module here not starting with ``_`` defines
-``register(registry, enable_cudnn)``; they are registered in name order."""
+``register(registry, enable_cudnn)``; they are registered in name order.
+
+Kernels combine a device array with a Python or numpy scalar through ``xp``'s ufuncs
+(``xp.multiply(a, 2)``, ``xp.less(a, 0)``), not through operators (``a * 2``, ``a < 0``): CuPy
+sends those operators through numpy's dispatch, whose first step imports cupyx and SciPy
+(0.4-0.7 s) in the middle of a model's first run. Operators between two device arrays, in-place
+operators and a Python scalar on the left (``1 - a``) are CuPy's own and fine.
+tests/test_cuda_imports.py checks every kernel the node suite reaches."""
 
 from __future__ import annotations
 

@@ -283,7 +283,8 @@ class GatherND(CudaKernel):
         block = shapes.size_of(dims)
         lin = flat_rows(xp, self.arg(ctx, 1).reshape(batch * rows, k), dims)
         if batch > 1:
-            lin = lin.reshape(batch, rows) + xp.arange(batch, dtype=np.int64)[:, None] * block
+            starts = xp.multiply(xp.arange(batch, dtype=np.int64)[:, None], block)
+            lin = lin.reshape(batch, rows) + starts
         inner = shapes.size_of(inner_shape)
         x2 = self.arg(ctx, 0).reshape(batch * block, inner)
         xp.take(x2, lin.reshape(-1), axis=0, out=y.reshape(batch * rows, inner))
@@ -298,10 +299,10 @@ def flat_rows(xp: Any, idx2: Any, dims: tuple[int, ...]) -> Any:
         return xp.zeros(n, dtype=np.int64)
     if any(d == 0 for d in dims):
         raise IndexError(f"indices into an empty dimension of {list(dims)}")
-    lin = idx2[:, 0].astype(np.int64, copy=False) % dims[0]
+    lin = xp.remainder(idx2[:, 0].astype(np.int64, copy=False), dims[0])
     for j in range(1, k):
         lin *= dims[j]
-        lin += idx2[:, j].astype(np.int64, copy=False) % dims[j]
+        lin += xp.remainder(idx2[:, j].astype(np.int64, copy=False), dims[j])
     return lin
 
 
@@ -362,7 +363,7 @@ class ScatterND(_Scatter):
         if self.reduction == "none":
             y.reshape(shapes.size_of(dims), inner)[lin] = upd
             return
-        off = lin[:, None] * inner + xp.arange(inner, dtype=np.int64)
+        off = xp.multiply(lin[:, None], inner) + xp.arange(inner, dtype=np.int64)
         if xp is np:
             _np_scatter(y.reshape(-1), off, upd, self.reduction)
         else:
@@ -464,7 +465,7 @@ class OneHot(CudaKernel):
         xp = self.xp
         idx = self.arg(ctx, 0)
         if idx.dtype.kind != "u":
-            idx = xp.where(idx < 0, idx + depth, idx)
+            idx = xp.where(xp.less(idx, 0), xp.add(idx, depth), idx)
         idx = idx.reshape(t.shape[:axis] + (1,) + t.shape[axis:])
         targets = xp.arange(n, dtype=np.int64).reshape((1,) * axis + (n,) + (1,) * (t.ndim - axis))
         values = self.arg(ctx, 2).reshape(2)
@@ -498,12 +499,12 @@ class ReverseSequence(CudaKernel):
         inner = shapes.size_of(t.shape[2:])
         lens = self.arg(ctx, 1).astype(np.int64).reshape(1, batch)
         tt = xp.arange(steps, dtype=np.int64)[:, None]
-        src = xp.where(tt < lens, lens - 1 - tt, tt)  # (time, batch)
+        src = xp.where(tt < lens, xp.subtract(lens, 1) - tt, tt)  # (time, batch)
         bb = xp.arange(batch, dtype=np.int64)
         if ta == 0:
-            rows = src * batch + bb[None, :]
+            rows = xp.multiply(src, batch) + bb[None, :]
         else:
-            rows = bb[:, None] * steps + src.T
+            rows = xp.multiply(bb[:, None], steps) + src.T
         x2 = self.arg(ctx, 0).reshape(steps * batch, inner)
         xp.take(x2, rows.reshape(-1), axis=0, out=y.reshape(steps * batch, inner))
 

@@ -25,15 +25,16 @@ from .tensor import CPU, ints, storage_scalar
 
 def bf16_to_f32(xp: Any, a: Any) -> Any:
     """float32 values of bfloat16 data (an array of bfloat16 or of its uint16 bits)."""
-    return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return xp.left_shift(a.view(np.uint16).astype(np.uint32), 16).view(np.float32)
 
 
 def f32_to_bf16_bits(xp: Any, f: Any) -> Any:
     """uint16 bits of float32 values rounded to bfloat16, to nearest even; NaNs stay (quiet)
     NaNs."""
     u = f.view(np.uint32)
-    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
-    quiet_nan = ((u >> 16) | 0x40).astype(np.uint16)
+    high = xp.right_shift(u, 16)
+    rounded = xp.right_shift(u + xp.add(xp.bitwise_and(high, 1), 0x7FFF), 16).astype(np.uint16)
+    quiet_nan = xp.bitwise_or(high, 0x40).astype(np.uint16)
     return xp.where(f != f, quiet_nan, rounded)
 
 

@@ -228,8 +228,9 @@ class LpNormalization(WideKernel):
             n = xp.sum(xp.absolute(w), axis=axis, keepdims=True)
         else:
             n = xp.sqrt(xp.sum(xp.multiply(w, w), axis=axis, keepdims=True))
-        safe = xp.where(n == 0, w.dtype.type(1), n)
-        r = xp.where(n == 0, w.dtype.type(0), w / safe)
+        zero = xp.equal(n, 0)
+        safe = xp.where(zero, w.dtype.type(1), n)
+        r = xp.where(zero, w.dtype.type(0), w / safe)
         _finish(xp, r, y, self.bf16)
 
 
@@ -251,7 +252,7 @@ class MeanVarianceNormalization(WideKernel):
         w = self.wide(x)
         d = w - xp.mean(w, axis=axes, keepdims=True)
         std = xp.sqrt(xp.mean(xp.multiply(d, d), axis=axes, keepdims=True))
-        r = d / (std + w.dtype.type(1e-9))
+        r = d / xp.add(std, w.dtype.type(1e-9))
         _finish(xp, r, y, self.bf16)
 
 

@@ -262,11 +262,11 @@ class MaxPool(_Pool):
         stride = 1
         for i in reversed(order):
             o = xp.arange(out[i], dtype=xp.int64).reshape((-1,) + (1,) * (n - 1 - i))
-            pos = o * self.strides[i] - pads[i] + taps[best, i] * self.dilations[i]
-            flat += pos * stride
+            start = xp.subtract(xp.multiply(o, self.strides[i]), pads[i])
+            flat += xp.multiply(start + xp.multiply(taps[best, i], self.dilations[i]), stride)
             stride *= sp[i]
         nc = xp.arange(shape[0] * shape[1], dtype=xp.int64).reshape(shape[0], shape[1], *([1] * n))
-        return flat + nc * math.prod(sp)
+        return flat + xp.multiply(nc, math.prod(sp))
 
 
 class AveragePool(_Pool):
@@ -309,9 +309,20 @@ class LpPool(_Pool):
 
     def host(self, x, y, idx, out, pads, ext):
         xp = self.xp
-        xpad = pad_spatial(xp, xp.abs(_wide(xp, x)) ** self.p, ext, 0)
+        xpad = pad_spatial(xp, _power(xp, xp.abs(_wide(xp, x)), self.p), ext, 0)
         acc = _tap_sum(xp, xpad, self.kernel, self.strides, self.dilations, out)
-        y[...] = acc ** (1.0 / self.p)
+        y[...] = _power(xp, acc, 1.0 / self.p)
+
+
+def _power(xp: Any, a: Any, p: float) -> Any:
+    """``a ** p`` as CuPy's operator computes it (its square and sqrt fast paths), through
+    its ufuncs: the operator with a Python float goes through numpy's dispatch, which makes
+    CuPy import cupyx (see kernels/__init__.py)."""
+    if p == 2.0:
+        return xp.square(a)
+    if p == 0.5:
+        return xp.sqrt(a)
+    return xp.power(a, p)
 
 
 def _wide(xp: Any, x: Any) -> Any:

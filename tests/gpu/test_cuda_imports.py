@@ -1,0 +1,95 @@
+"""The CUDA kernels never make CuPy import cupyx or SciPy during a run (issue 8, cold start):
+the GPU twin of tests/test_cuda_imports.py, in a fresh process each, on the real provider.
+
+BERT-base's first run spent 0.7 s importing cupyx and SciPy from GatherND: CuPy sends
+``device_array <op> scalar`` through numpy's dispatch, which imports ``cupyx.scipy.special``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.gpu._cuda import cuda_marks
+
+pytestmark = cuda_marks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# the node-suite cases of the kernels that used to do it, and their neighbours
+CASES = (
+    "(?i)GatherND|ScatterND|OneHot|ReverseSequence|LpNormalization|MeanVarianceNormalization"
+    "|Pool|bfloat16|Shrink|Gather|Scatter|Resize|Einsum"
+)
+
+
+def test_the_node_suite_cases_import_neither_cupyx_nor_scipy():
+    """Each case runs three times on [CUDA, CPU]; the first case after which cupyx or SciPy
+    is in ``sys.modules`` is reported."""
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from onnxplug.tools import conformance
+
+        first = None
+        results = []
+        for case in conformance.collect_cases({CASES!r}):
+            r = conformance.run_case(case, ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                                     None, 3)
+            results.append(r.status)
+            heavy = [m for m in ("cupyx", "scipy") if m in sys.modules]
+            if heavy and first is None:
+                first = [case.name, heavy]
+        print(json.dumps({{"cases": len(results), "first": first}}))
+        """
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["cases"] > 100
+    assert out["first"] is None, f"{out['first'][1]} imported by case {out['first'][0]}"
+
+
+def test_nvmath_is_imported_beside_the_session_set_up():
+    """The CUDA backend starts nvmath's import on a thread of its own; the first MatMul joins
+    it and runs through cuBLASLt (not the CuPy fallback)."""
+    script = textwrap.dedent(
+        """
+        import json
+        import numpy as np
+        from onnx import TensorProto, helper
+        import onnxplug as ox
+        from onnxplug_cuda import blas
+
+        g = helper.make_graph(
+            [helper.make_node("MatMul", ["a", "b"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, [64, 64]) for n in "ab"],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+        )
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        s = ox.InferenceSession(m.SerializeToString(), providers=["CUDAExecutionProvider"])
+        # small whole numbers: exact in TF32 and in any summation order
+        a = np.random.default_rng(0).integers(-3, 4, (64, 64)).astype(np.float32)
+        (y,) = s.run(None, {"a": a, "b": a.T.copy()})
+        thread = blas.NVMATH._thread
+        print(json.dumps({
+            "started": thread is not None,
+            "alive": thread is not None and thread.is_alive(),
+            "cublaslt": blas.stats["cublaslt"],
+            "close": bool(np.array_equal(y, a @ a.T)),
+        }))
+        """
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out == {"started": True, "alive": False, "cublaslt": out["cublaslt"], "close": True}
+    assert out["cublaslt"] > 0

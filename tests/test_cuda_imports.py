@@ -1,0 +1,179 @@
+"""No CUDA kernel makes CuPy import cupyx or SciPy during a run (issue 8, cold start).
+
+CuPy sends ``device_array <op> scalar`` through numpy's dispatch, whose first step imports
+``cupyx.scipy.special`` (cupyx and SciPy, 0.4-0.7 s): BERT-base's first run paid it in GatherND.
+``tests/plugins/strict_sim.py`` models that dispatch on the host-simulated device, so the node
+suite finds every kernel line that would do it; the GPU twin of these tests is
+tests/gpu/test_cuda_imports.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import onnxplug as ox
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN_SRC = ROOT / "plugins" / "cuda" / "src"
+SIM = "CUDASimExecutionProvider"
+
+
+@pytest.fixture
+def strict_sim(monkeypatch):
+    """The simulated CUDA provider with CuPy's operator dispatch modelled; the plugin's ``np``
+    is the strict namespace meanwhile (so that ``xp is np`` still holds)."""
+    monkeypatch.syspath_prepend(str(PLUGIN_SRC))
+    from tests.plugins import strict_sim
+
+    for mod, attr in strict_sim.plugin_modules_numpy():
+        monkeypatch.setattr(mod, attr, strict_sim.STRICT_NUMPY)
+    strict_sim.VIOLATIONS.clear()
+    ox.register_execution_provider_library(SIM, "tests.plugins.strict_sim:create_factory")
+    yield strict_sim
+    ox.unregister_execution_provider_library(SIM)
+
+
+# expression -> whether CuPy 14 sends it through numpy (cupy/_core/core.pyx: ``__mul__`` etc.
+# call numpy's ufunc unless the other operand is a CuPy array; ``__richcmp__`` likewise)
+CUPY_DISPATCH = {
+    "a % 3": True,
+    "a * 2.0": True,
+    "a < 0": True,
+    "0 == a": True,
+    "np.float32(2) * a": True,
+    "a + np.ones(3)": True,
+    "a ** 3": True,
+    "2 * a": False,  # a Python scalar on the left: CuPy's reflected operator
+    "1 - a": False,
+    "a + b": False,
+    "a < b": False,
+    "a ** 2": False,  # CuPy's fast path: square
+    "xp.remainder(a, 3)": False,
+    "-a": False,
+}
+
+
+@pytest.mark.parametrize("expr", sorted(CUPY_DISPATCH))
+def test_the_model_of_cupys_dispatch(strict_sim, expr):
+    """The harness reports exactly the operators CuPy sends through numpy, in plugin code
+    that names ``xp``."""
+    ns: dict = {"np": np}
+    src = f"def f(xp, a, b):\n    return {expr}\n"
+    exec(compile(src, "/site-packages/onnxplug_cuda/probe.py", "exec"), ns)
+    a = np.arange(3.0).view(strict_sim.StrictArray)
+    b = np.ones(3).view(strict_sim.StrictArray)
+    ns["f"](strict_sim.STRICT_NUMPY, a, b)
+    assert bool(strict_sim.VIOLATIONS) == CUPY_DISPATCH[expr], strict_sim.VIOLATIONS
+
+
+def test_no_kernel_sends_an_operator_through_numpy_on_the_node_suite(strict_sim):
+    """Every CUDA kernel the ONNX node suite reaches (recording run, binding run, prepared
+    run) combines device arrays with scalars through ``xp``'s ufuncs, and the suite still
+    passes where the CPU provider passes."""
+    from onnxplug.tools.conformance import run_suite
+
+    results = run_suite([SIM, "CPUExecutionProvider"], repeats=3)
+    sites = sorted(set(strict_sim.VIOLATIONS))
+    assert not sites, "operators CuPy would send through numpy:\n" + "\n".join(sites)
+    assert sum(r.status == "pass" for r in results) > 1500
+    assert sum(r.on_provider for r in results) > 1000
+
+
+def test_a_cuda_session_imports_neither_cupyx_nor_scipy():
+    """Creating and running a session on the simulated CUDA device (a GatherND model, which
+    pulled in cupyx on BERT-base's first run) imports neither, in a fresh process; nor does it
+    build the CPU provider's kernel registry, which no node of it needs."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(PLUGIN_SRC)!r})
+        import numpy as np
+        import onnx
+        from onnx import TensorProto, helper
+        import onnxplug as ox
+
+        ox.register_execution_provider_library({SIM!r}, "onnxplug_cuda.sim:create_factory")
+        g = helper.make_graph(
+            [helper.make_node("GatherND", ["x", "i"], ["y"])],
+            "g",
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3]),
+                helper.make_tensor_value_info("i", TensorProto.INT64, [2, 1]),
+            ],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        )
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        s = ox.InferenceSession(m.SerializeToString(), providers=[{SIM!r}])
+        x = np.arange(12, dtype=np.float32).reshape(4, 3)
+        (y,) = s.run(None, {{"x": x, "i": np.array([[3], [-4]], dtype=np.int64)}})
+        assert s.get_provider_graph_assignment_info()[0]["ep"] == {SIM!r}
+        assert np.array_equal(y, x[[3, 0]]), y
+        from onnxplug.providers.cpu.factory import _REGISTRY
+
+        print(sorted(m for m in ("cupyx", "scipy") if m in sys.modules), _REGISTRY.built)
+        """
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    # and the CPU provider's registry was never built: no node needed it
+    assert p.stdout.strip().splitlines()[-1] == "[] False"
+
+
+# nvmath's import on a thread of its own -------------------------------------------------------
+
+
+@pytest.fixture
+def blas(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGIN_SRC))
+    from onnxplug_cuda import blas
+
+    monkeypatch.setattr(blas, "_engines", {})
+    monkeypatch.setattr(blas, "_warned_no_nvmath", False)
+    return blas
+
+
+def test_a_background_import_runs_on_its_own_thread(blas, tmp_path, monkeypatch):
+    (tmp_path / "slow_mod_for_bg_import.py").write_text(
+        "import threading, time\ntime.sleep(0.2)\nTHREAD = threading.current_thread().name\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_mod_for_bg_import", raising=False)
+    bg = blas.BackgroundImport("slow_mod_for_bg_import")
+    bg.wait()  # never started: nothing to wait for
+    bg.start()
+    bg.start()  # once
+    bg.wait()
+    mod = sys.modules["slow_mod_for_bg_import"]
+    assert mod.THREAD == "onnxplug-import-slow_mod_for_bg_import"
+    import slow_mod_for_bg_import  # noqa: F401  (the module is there for the caller's import)
+
+
+def test_a_failed_background_import_is_raised_where_the_modules_are_needed(blas, monkeypatch):
+    """nvmath missing: the engine's first use sees the ImportError, warns once and uses CuPy's
+    matmul, as when it imported nvmath itself."""
+    bg = blas.BackgroundImport("no_such_module_onnxplug_test.cublasLt")
+    monkeypatch.setattr(blas, "NVMATH", bg)
+    bg.start()
+    with pytest.raises(ModuleNotFoundError, match="no_such_module_onnxplug_test"):
+        bg.wait()
+
+    class Ep:
+        ordinal = 0
+
+        class options:
+            use_tf32 = False
+
+        class backend:
+            xp = object()  # a GPU array module: not numpy
+
+    with pytest.warns(RuntimeWarning, match="nvmath-python is not importable.*no_such_module"):
+        eng = blas.engine_for(Ep())
+    assert isinstance(eng, blas.XpGemm)
