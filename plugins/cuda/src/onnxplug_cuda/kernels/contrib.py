@@ -221,68 +221,6 @@ __device__ void oxc_skip_ln(const typename Tr::S* __restrict__ x, const typename
     yr[c] = Tr::st(v);
   }
 }
-
-// One warp per row of up to 32 * PER columns, held in registers: the inputs are read once and
-// the outputs written once (the block kernel reads the row back twice); the same arithmetic.
-template <class Tr, int PER>
-__device__ void oxc_skip_ln_warp(const typename Tr::S* __restrict__ x,
-                                 const typename Tr::S* __restrict__ skip,
-                                 const typename Tr::S* __restrict__ gamma,
-                                 const typename Tr::S* __restrict__ beta,
-                                 const typename Tr::S* __restrict__ bias, typename Tr::S* y,
-                                 typename Tr::S* __restrict__ sum_out,
-                                 float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                 long long cols, long long skip_rows, long long rows, double eps) {
-  typedef typename Tr::W W;
-  typedef typename Tr::S S;
-  const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int lane = threadIdx.x & 31;
-  const S* xr = x + row * cols;
-  const S* sr = skip + (row % skip_rows) * cols;
-  S* yr = y + row * cols;
-  S* qr = sum_out ? sum_out + row * cols : (S*)0;
-  W v[PER];
-  W acc = W(0);
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const long long c = lane + 32LL * k;
-    v[k] = W(0);
-    if (c < cols) {
-      W u = Tr::ld(xr[c]) + Tr::ld(sr[c]);
-      if (bias) u += Tr::ld(bias[c]);
-      const S sv = Tr::st(u);  // the sum in the tensor type: what input_skip_bias_sum holds
-      if (qr) qr[c] = sv;
-      v[k] = Tr::ld(sv);
-      acc += v[k];
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  const W mean = acc / W(cols);
-  W q = W(0);
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    if (lane + 32LL * k < cols) {
-      const W d = v[k] - mean;
-      q += d * d;
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-  const W rstd = W(1) / sqrt(q / W(cols) + W(eps));
-  if (lane == 0) {
-    if (mean_out) mean_out[row] = (float)mean;
-    if (rstd_out) rstd_out[row] = (float)rstd;
-  }
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const long long c = lane + 32LL * k;
-    if (c < cols) {
-      W u = (v[k] - mean) * rstd * Tr::ld(gamma[c]);
-      if (beta) u += Tr::ld(beta[c]);
-      yr[c] = Tr::st(u);
-    }
-  }
-}
 """
 
 _SKIP_LN_ENTRY = r"""
@@ -291,31 +229,7 @@ extern "C" __global__ void oxc_skip_ln_{k}(const {S}* x, const {S}* skip, const 
     long long cols, long long skip_rows, double eps) {{
   oxc_skip_ln<{Tr}>(x, skip, gamma, beta, bias, y, sum_out, mean_out, rstd_out, cols, skip_rows, eps);
 }}
-extern "C" __global__ void oxc_skip_ln_w8_{k}(const {S}* x, const {S}* skip, const {S}* gamma,
-    const {S}* beta, const {S}* bias, {S}* y, {S}* sum_out, float* mean_out, float* rstd_out,
-    long long cols, long long skip_rows, long long rows, double eps) {{
-  oxc_skip_ln_warp<{Tr}, 8>(x, skip, gamma, beta, bias, y, sum_out, mean_out, rstd_out, cols,
-                            skip_rows, rows, eps);
-}}
-extern "C" __global__ void oxc_skip_ln_w32_{k}(const {S}* x, const {S}* skip, const {S}* gamma,
-    const {S}* beta, const {S}* bias, {S}* y, {S}* sum_out, float* mean_out, float* rstd_out,
-    long long cols, long long skip_rows, long long rows, double eps) {{
-  oxc_skip_ln_warp<{Tr}, 32>(x, skip, gamma, beta, bias, y, sum_out, mean_out, rstd_out, cols,
-                             skip_rows, rows, eps);
-}}
 """
-_LN_WARP_ROWS = 4  # rows (warps) per block of the warp-per-row SkipLayerNormalization
-
-
-def skip_ln_launch(rows: int, cols: int) -> tuple[str, tuple, tuple, bool]:
-    """(function name infix, grid, block, whether it takes ``rows``): a warp per row up to
-    1024 columns, a block per row beyond."""
-    if cols <= 32 * 32:
-        grid = ((rows + _LN_WARP_ROWS - 1) // _LN_WARP_ROWS,)
-        return ("w8_" if cols <= 32 * 8 else "w32_"), grid, (32 * _LN_WARP_ROWS,), True
-    return "", (rows,), (F.block_size(cols),), False
-
-
 SKIP_LN_MODULE_SRC = (
     F.ROWS_SRC
     + _SKIP_LN_SRC
@@ -396,18 +310,16 @@ class SkipLayerNormalization(_Typed):
                 None if rstd is None else rstd.reshape(rows), self.eps,
             )  # fmt: skip
             return
-        infix, grid, block, takes_rows = skip_ln_launch(rows, cols)
-        fn = SKIP_LN_ROWS.function(xp, "oxc_skip_ln_" + infix + F.storage_key(dt))
-        sizes = (np.int64(cols), np.int64(skip_rows), *((np.int64(rows),) if takes_rows else ()))
+        fn = SKIP_LN_ROWS.function(xp, "oxc_skip_ln_" + F.storage_key(dt))
         fn(
-            grid,
-            block,
+            (rows,),
+            (F.block_size(cols),),
             (
                 x, skip, gamma,
                 _NULL if beta is None else beta, _NULL if bias is None else bias,
                 y, _NULL if total is None else total,
                 _NULL if mean is None else mean, _NULL if rstd is None else rstd,
-                *sizes, np.float64(self.eps),
+                np.int64(cols), np.int64(skip_rows), np.float64(self.eps),
             ),
         )  # fmt: skip
 
@@ -436,16 +348,17 @@ class SkipLayerNormalization(_Typed):
                 None if rstd is None else rstd.reshape(rows), self.eps,
             )  # fmt: skip
             return lambda: _skip_ln_np(*args)
-        infix, grid, block, takes_rows = skip_ln_launch(rows, cols)
-        fn = SKIP_LN_ROWS.function(xp, "oxc_skip_ln_" + infix + F.storage_key(dt))
-        sizes = (np.int64(cols), np.int64(skip_rows), *((np.int64(rows),) if takes_rows else ()))
+        fn = SKIP_LN_ROWS.function(xp, "oxc_skip_ln_" + F.storage_key(dt))
         return function_launch(
             fn,
-            grid,
-            block,
-            (x, skip, gamma, beta, bias, y, total, mean, rstd, *sizes, np.float64(self.eps)),
+            (rows,),
+            (F.block_size(cols),),
+            (
+                x, skip, gamma, beta, bias, y, total, mean, rstd,
+                np.int64(cols), np.int64(skip_rows), np.float64(self.eps),
+            ),
             self.stream_handle(ctx),
-        )
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
