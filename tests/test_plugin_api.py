@@ -317,6 +317,35 @@ def test_a_deferred_registry_is_built_once_on_its_first_query():
         reg.no_such_attribute  # noqa: B018
 
 
+def test_a_cpu_session_of_native_kernels_never_imports_onnx_reference():
+    """onnx.reference's kernels (and the checked ones built on them) are registered when a
+    query finds no native kernel: a session of native ops never imports it (~0.4 s)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        from onnx import TensorProto, helper
+        import onnxplug as ox
+
+        vi = helper.make_tensor_value_info
+        g = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MatMul", ["r", "x"], ["y"])],
+            "g", [vi("x", TensorProto.FLOAT, [2, 2])], [vi("y", TensorProto.FLOAT, [2, 2])],
+        )
+        s = ox.InferenceSession(helper.make_model(g).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+        s.run(None, {"x": np.ones((2, 2), np.float32)})
+        print("onnx.reference.ops" in sys.modules)
+        """
+    )
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert p.stdout.strip().splitlines()[-1] == "False"
+
+
 def test_the_cpu_providers_deferred_registry_has_every_cpu_kernel():
     from onnxplug.ep import SessionConfig
     from onnxplug.providers.cpu.factory import CpuEpFactory
@@ -331,6 +360,16 @@ def test_the_cpu_providers_deferred_registry_has_every_cpu_kernel():
     reg = registry()
     assert reg is registry()  # one per process
     assert keys(reg) == keys(cpu_registry())
+    # the same kernels, in the same precedence, as registering onnx.reference's first
+    from onnxplug.framework.kernel import KernelRegistry
+
+    flat = KernelRegistry("CPUExecutionProvider")
+    flat.merge(cpu_registry())
+    assert keys(flat) == keys(reg)
+    for d in flat.kernel_defs():
+        for v in {d.since_version, d.end_version or d.since_version + 3}:
+            want, got = flat.lookup(d.op_type, d.domain, v), reg.lookup(d.op_type, d.domain, v)
+            assert (want is None) == (got is None) and (want is None or want[1] is got[1])
     assert len(reg.kernel_defs()) > 400
     # every native kernel module registered something, and the reference long tail is there
     assert len(native_modules()) > 15

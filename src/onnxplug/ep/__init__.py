@@ -28,6 +28,7 @@ from ..framework.arena import (
 from ..framework.control_flow import IfKernel, LoopKernel, ScanKernel
 from ..framework.kernel import (
     DeferredKernelRegistry,
+    FallbackKernelRegistry,
     Kernel,
     KernelContext,
     KernelDef,
@@ -95,6 +96,7 @@ __all__ = [
     "CountingAllocator",
     "DataTransfer",
     "DeferredKernelRegistry",
+    "FallbackKernelRegistry",
     "Device",
     "DeviceTensor",
     "DeviceTimer",

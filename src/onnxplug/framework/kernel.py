@@ -181,33 +181,116 @@ class KernelRegistry:
     def has_op(self, op_type: str, domain: str = "") -> bool:
         return (domain, op_type) in self._by_op
 
+    def layers(self) -> list[KernelRegistry]:
+        """The plain registries this one answers from, lowest precedence first."""
+        return [self]
+
     def merge(self, other: KernelRegistry) -> None:
-        for key, entries in other._by_op.items():
-            self._by_op.setdefault(key, []).extend(entries)
+        for layer in other.layers():  # in precedence order: later entries win
+            for key, entries in layer._by_op.items():
+                self._by_op.setdefault(key, []).extend(entries)
+
+
+class FallbackKernelRegistry(KernelRegistry):
+    """Kernels of its own, then, for a query they do not answer, those of a fallback registry
+    built on first need. Equivalent to registering the fallback's kernels first (later
+    registrations win) without building them before a query needs them: the CPU provider's
+    native kernels, then onnx.reference's, whose import costs ~0.4 s that constant folding and
+    partitioning rarely need."""
+
+    def __init__(self, provider: str, fallback: Callable[[], KernelRegistry]):
+        super().__init__(provider)
+        self._make_fallback = fallback
+        self._fallback: KernelRegistry | None = None
+        self._fallback_lock = threading.Lock()
+        self._deferred: list[Callable[[KernelRegistry], None]] = []
+
+    def defer(self, register: Callable[[KernelRegistry], None]) -> None:
+        """``register(fallback)`` when the fallback is built, after its own kernels (so
+        over them): kernels that need what the fallback imports."""
+        with self._fallback_lock:
+            if self._fallback is None:
+                self._deferred.append(register)
+                return
+        register(self._fallback)
+
+    def fallback(self) -> KernelRegistry:
+        with self._fallback_lock:
+            if self._fallback is None:
+                reg = self._make_fallback()
+                for register in self._deferred:
+                    register(reg)
+                self._fallback = reg
+            return self._fallback
+
+    def lookup(
+        self,
+        op_type: str,
+        domain: str,
+        since_version: int,
+        input_dtypes: list[np.dtype | None] | None = None,
+        output_dtypes: list[np.dtype | None] | None = None,
+    ) -> tuple[KernelDef, Callable[..., Kernel]] | None:
+        found = super().lookup(op_type, domain, since_version, input_dtypes, output_dtypes)
+        if found is not None:
+            return found
+        return self.fallback().lookup(op_type, domain, since_version, input_dtypes, output_dtypes)
+
+    def kernel_defs(self) -> list[KernelDef]:
+        return self.fallback().kernel_defs() + super().kernel_defs()
+
+    def has_op(self, op_type: str, domain: str = "") -> bool:
+        return super().has_op(op_type, domain) or self.fallback().has_op(op_type, domain)
+
+    def layers(self) -> list[KernelRegistry]:
+        own = KernelRegistry(self.provider)
+        own._by_op = self._by_op
+        return [*self.fallback().layers(), own]
+
+    def merge(self, other: KernelRegistry) -> None:
+        raise TypeError("a registry with a fallback is not merged into (register its kernels)")
 
 
 class DeferredKernelRegistry(KernelRegistry):
     """A registry built by ``build()`` on its first query, not when a provider hands it out:
-    the CPU provider's imports every kernel module and onnx.reference (0.17 s of a session's
-    creation), which a session whose nodes all go to another provider never asks for."""
+    the CPU provider's imports every kernel module (and, for what they do not answer,
+    onnx.reference), which a session whose nodes all go to another provider never asks for.
+    Every query goes to the built registry."""
 
     def __init__(self, provider: str, build: Callable[[], KernelRegistry]):
-        # no ``_by_op`` yet: its first read (every query goes through it) builds it
         self.provider = provider
         self._build = build
         self._build_lock = threading.Lock()
+        self._built: KernelRegistry | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        if name != "_by_op":
-            raise AttributeError(name)
+    def _registry(self) -> KernelRegistry:
         with self._build_lock:
-            if "_by_op" not in self.__dict__:
-                self._by_op = self._build()._by_op
-        return self._by_op
+            if self._built is None:
+                self._built = self._build()
+            return self._built
 
     @property
     def built(self) -> bool:
-        return "_by_op" in self.__dict__
+        return self._built is not None
+
+    @property
+    def _by_op(self) -> dict:  # type: ignore[override]
+        return self._registry()._by_op
+
+    def register(self, kdef: KernelDef, factory: Callable[..., Kernel]) -> None:
+        self._registry().register(kdef, factory)
+
+    def lookup(self, *args: Any, **kwargs: Any) -> tuple[KernelDef, Callable[..., Kernel]] | None:
+        return self._registry().lookup(*args, **kwargs)
+
+    def kernel_defs(self) -> list[KernelDef]:
+        return self._registry().kernel_defs()
+
+    def has_op(self, op_type: str, domain: str = "") -> bool:
+        return self._registry().has_op(op_type, domain)
+
+    def layers(self) -> list[KernelRegistry]:
+        return self._registry().layers()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -140,7 +140,12 @@ def register_reference_kernels(registry: KernelRegistry) -> None:
 
 def register_checked(registry: KernelRegistry, op_type: str, base: type[ReferenceKernel]) -> None:
     """Register ``base`` (a ReferenceKernel that checks its inputs) over every version of the
-    default-domain op that onnx.reference implements."""
+    default-domain op that onnx.reference implements; into the fallback layer of a registry
+    that has one (registered when onnx.reference's kernels are, over them)."""
+    defer = getattr(registry, "defer", None)
+    if defer is not None:
+        defer(lambda reg: register_checked(reg, op_type, base))
+        return
     ops = importlib.import_module(_DOMAIN_MODULES[""])._build_registered_operators()
     for since, until, cls in _ranges(ops[op_type]):
         kernel = type(f"{base.__name__}_{since}", (base,), {"op_class": cls})
