@@ -134,3 +134,23 @@ def test_attention_node_matches_cpu(dtype, b, s, mask, causal, graph):
         np.testing.assert_allclose(got, want, rtol=tol[0], atol=tol[1])
     # float16 runs cuDNN's fused attention (flash attention), float32 the GEMM path
     assert (dnn.stats["attention"] > cudnn_calls) == (dtype == np.float16)
+
+
+@pytest.mark.parametrize("bits,fused", [("0", True), ("8", True), ("1", True), ("16", False)])
+def test_sdpa_kernel_selects_the_fused_attention(bits, fused):
+    """onnxruntime's ``sdpa_kernel`` bits: 0 (auto), FLASH_ATTENTION (1) or
+    CUDNN_FLASH_ATTENTION (8) let float16 Attention run cuDNN's fused attention; MATH alone
+    (16) keeps the GEMM path. Both match the CPU provider."""
+    from onnxplug_cuda import dnn
+
+    model = _attention_model(2, 32, 64, 4, "2d", False, np.float16)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((2, 32, 64)).astype(np.float16)}
+    feeds["mask"] = np.ones((2, 32), np.int32)
+    before = dnn.stats["attention"]
+    cuda = ox.InferenceSession(model, providers=[(CUDA, {"sdpa_kernel": bits}), CPU])
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)[0].astype(np.float32)
+    for _ in range(2):
+        got = cuda.run(None, feeds)[0].astype(np.float32)
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+    assert (dnn.stats["attention"] > before) == fused

@@ -11,8 +11,8 @@ float32 (float64 for float64) and zeroes NaN probabilities when ``zero_nan_proba
 set, then ``P @ V`` is a second strided-batched GEMM, transposed into the (B, S, N*Hv) output.
 Under the host simulation the GEMM engine's numpy path and the row kernel's numpy twin run.
 
-float16 Attention (prepared, no past; a mask or an attention bias) runs cuDNN's fused
-attention instead (``dnn.SdpaSpec``: flash attention through the frontend's SDPA
+float16 Attention (prepared, no past; a mask or an attention bias; ``sdpa_kernel`` 0 or with
+the FLASH_ATTENTION or CUDNN_FLASH_ATTENTION bit) runs cuDNN's fused attention instead (``dnn.SdpaSpec``: flash attention through the frontend's SDPA
 graph), reading Q/K/V in place from the projection and writing the context in place; with the
 projection and the mask's additive term it is captured as one CUDA graph of the node. Other
 cases, float32 and float64 (cuDNN has no fused attention for them) take the generic path.
@@ -448,6 +448,9 @@ class Attention(_AttentionBase):
         query or key give NaN rows instead of 0 (see docs/onnxruntime-differences.md)."""
         if qkv.dtype != np.float16 or (mask is not None and attn_bias is not None):
             return None
+        backends = int(self.ep.options.sdpa_kernel)
+        if backends and not backends & (_FLASH_ATTENTION | _CUDNN_FLASH_ATTENTION):
+            return None  # the user's sdpa_kernel leaves flash attention out
         eng = dnn.engine_for(self.ep)
         if eng is None:
             return None
@@ -605,6 +608,8 @@ class Attention(_AttentionBase):
 
 
 _UNSUPPORTED = object()
+# onnxruntime's AttentionBackend bits (``sdpa_kernel``) that select the fused attention
+_FLASH_ATTENTION, _CUDNN_FLASH_ATTENTION = 1, 8
 
 
 def _mask_term_np(m: np.ndarray, f: Any, y: np.ndarray) -> None:
