@@ -496,6 +496,18 @@ class InferenceSession:
         )
         self._run_lock: threading.Lock | None = threading.Lock() if serial else None
         self._input_checks = [_TensorCheck.of(vi.name, vi.type) for vi in self._feed_vis]
+        # (dtype, shape) of the tensor feeds whose every dim is a number: a numpy array of
+        # exactly that needs none of _coerce's conversions and checks
+        self._static_feeds = [
+            (c.dtype, c.shape)
+            if vi.type.kind == "tensor"
+            and c.dtype is not None
+            and c.dtype.kind not in "USO"
+            and c.shape is not None
+            and all(type(d) is int for d in c.shape)
+            else None
+            for vi, c in zip(self._feed_vis, self._input_checks)
+        ]
         # overridable initializers' stored values, placed once where the runner wants them
         self._default_feeds: dict[int, Any] = {}
         for name, value in self._defaults.items():
@@ -636,7 +648,16 @@ class InferenceSession:
                     f"Invalid input name: {name}. The model's inputs are "
                     f"{[vi.name for vi in self._user_inputs]}"
                 )
-            feeds[i] = _coerce(name, self._feed_vis[i].type, value, self._input_checks[i])
+            static = self._static_feeds[i]
+            if (
+                static is not None
+                and type(value) is np.ndarray
+                and value.dtype == static[0]
+                and value.shape == static[1]
+            ):
+                feeds[i] = value  # what _coerce would return, without its checks
+            else:
+                feeds[i] = _coerce(name, self._feed_vis[i].type, value, self._input_checks[i])
             seen[i] = True
         missing = [self._feed_names[i] for i in self._required if not seen[i]]
         if missing:
