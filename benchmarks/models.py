@@ -305,17 +305,25 @@ def bench_torch(name: str, feeds: dict[str, np.ndarray], runs: int, fp16: bool) 
     out = {}
     with torch.inference_mode():
         out["torch_eager"] = med_ms(call, torch.cuda.synchronize, runs)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                call()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            call()
-        out["torch_graph"] = med_ms(g.replay, torch.cuda.synchronize, runs)
+        out["torch_graph"] = med_ms(torch_graph(call), torch.cuda.synchronize, runs)
     return out
+
+
+def torch_graph(call: Any) -> Any:
+    """``call`` captured as one CUDA graph (after 3 warm-up calls on a side stream): its
+    replay."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    return g.replay
 
 
 # onnxruntime CUDA EP on the same H100 (../shared/anchors): (plain run(), IOBinding + graph)

@@ -23,7 +23,7 @@ import numpy as np
 import onnxplug as ox
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-from models import export_all, feeds_for, model_path, to_fp16, torch_model
+from models import export_all, feeds_for, model_path, to_fp16, torch_graph, torch_model
 
 CUDA = "CUDAExecutionProvider"
 
@@ -53,18 +53,7 @@ def trace_torch(name: str, feeds: dict[str, np.ndarray], args: Any) -> dict[str,
 
     with torch.inference_mode():
         call = torch_model(name, feeds, args.fp16)
-        if args.graph:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    call()
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                call()
-            call = g.replay
-        return trace(call, args.runs)
+        return trace(torch_graph(call) if args.graph else call, args.runs)
 
 
 def report(title: str, per: dict[str, list[float]], args: Any) -> None:

@@ -223,18 +223,9 @@ class FallbackKernelRegistry(KernelRegistry):
                 self._fallback = reg
             return self._fallback
 
-    def lookup(
-        self,
-        op_type: str,
-        domain: str,
-        since_version: int,
-        input_dtypes: list[np.dtype | None] | None = None,
-        output_dtypes: list[np.dtype | None] | None = None,
-    ) -> tuple[KernelDef, Callable[..., Kernel]] | None:
-        found = super().lookup(op_type, domain, since_version, input_dtypes, output_dtypes)
-        if found is not None:
-            return found
-        return self.fallback().lookup(op_type, domain, since_version, input_dtypes, output_dtypes)
+    def lookup(self, *args: Any, **kwargs: Any) -> tuple[KernelDef, Callable[..., Kernel]] | None:
+        found = super().lookup(*args, **kwargs)
+        return found if found is not None else self.fallback().lookup(*args, **kwargs)
 
     def kernel_defs(self) -> list[KernelDef]:
         return self.fallback().kernel_defs() + super().kernel_defs()
