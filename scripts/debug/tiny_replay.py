@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3000)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--virtual", action="store_true", help="the virtual test device, no GPU")
+    ap.add_argument("--eager", action="store_true", help="without graphs: the eager runs")
     args = ap.parse_args()
     provider, options, device = CUDA, {"enable_cuda_graph": "1"}, ("cuda", 0)
     if args.virtual:
@@ -38,6 +39,8 @@ def main() -> None:
             vd.PINNED_NAME, "tests.plugins.virtual_device:create_pinned_factory"
         )
         provider, options, device = vd.PINNED_NAME, {"enable_graph": "1"}, ("virt", 5)
+    if args.eager:
+        options = {}
     g = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],
         "tiny",
