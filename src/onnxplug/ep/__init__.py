@@ -16,7 +16,7 @@ from ..errors import (
     NotImplemented,
     OutOfMemory,
 )
-from ..framework import counters, dlpack, quantize, shapes
+from ..framework import attention, counters, dlpack, quantize, shapes
 from ..framework.arena import (
     ARENA_OPTIONS,
     EXTEND_STRATEGIES,
@@ -150,6 +150,7 @@ __all__ = [
     "np_dtype",
     "parse_byte_count",
     "quantize",
+    "attention",
     "shapes",
     "supports",
     "tensor_type_str",

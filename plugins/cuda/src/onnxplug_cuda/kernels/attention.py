@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes
+from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, attention, dtypes
 
 from .. import blas, dnn
 from ..launch import bound_calls, function_launch
@@ -35,7 +35,6 @@ from ._base import BF16, CudaKernel, node_graph
 MS = "com.microsoft"
 PLUG = "ai.onnxplug"
 ATTENTION_TYPES = dtypes("float16", "float32", "float64") + BF16
-DEFAULT_MASK_FILTER = -10000.0
 
 _SOFTMAX_SRC = r"""
 // One block per score row (b, n, s) of T keys: v = x + bias[b, n, s, t] (+ filter where masked
@@ -190,21 +189,15 @@ def masked_softmax_np(
     np.copyto(x, p, casting="unsafe")
 
 
-def _error(info: KernelInfo, msg: str) -> ValueError:
-    return ValueError(f"{info.op_type} node '{info.name}': {msg}")
+_error = attention.node_error
 
 
 class _AttentionBase(CudaKernel):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
-        self.heads = int(info.attr("num_heads", 0))
-        if self.heads <= 0:
-            raise _error(info, f"num_heads must be positive, got {self.heads}")
-        scale = info.attr("scale", 0.0)
-        self.scale = float(scale) if scale else None
-        self.causal = bool(info.attr("unidirectional", 0))
-        self.mask_filter = float(info.attr("mask_filter_value", DEFAULT_MASK_FILTER))
-        self.zero_nan = bool(info.attr("zero_nan_probabilities", 0))
+        a = attention.AttentionAttrs.of(info)
+        self.heads, self.scale, self.causal = a.heads, a.scale, a.causal
+        self.mask_filter, self.zero_nan = a.mask_filter, a.zero_nan
         self.gemm = blas.engine_for(self.ep)
         self.dtype = info.input_dtype(0)
 

@@ -30,17 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry
+from onnxplug.ep import Kernel, KernelContext, KernelInfo, KernelRegistry, attention
 
 from ._util import wide
 
 MS = "com.microsoft"
 PLUG = "ai.onnxplug"
-DEFAULT_MASK_FILTER = -10000.0
-
-
-def _error(info: KernelInfo, msg: str) -> ValueError:
-    return ValueError(f"{info.op_type} node '{info.name}': {msg}")
+_error = attention.node_error
 
 
 def split_heads(x: np.ndarray, heads: int) -> np.ndarray:
@@ -104,14 +100,9 @@ def causal_mask(s: int, t: int) -> np.ndarray:
 class _AttentionBase(Kernel):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
-        self.heads = int(info.attr("num_heads", 0))
-        if self.heads <= 0:
-            raise _error(info, f"num_heads must be positive, got {self.heads}")
-        scale = info.attr("scale", 0.0)
-        self.scale = float(scale) if scale else None
-        self.causal = bool(info.attr("unidirectional", 0))
-        self.mask_filter = float(info.attr("mask_filter_value", DEFAULT_MASK_FILTER))
-        self.zero_nan = bool(info.attr("zero_nan_probabilities", 0))
+        a = attention.AttentionAttrs.of(info)
+        self.heads, self.scale, self.causal = a.heads, a.scale, a.causal
+        self.mask_filter, self.zero_nan = a.mask_filter, a.zero_nan
 
     def attend_masked(
         self, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, bias: Any, mask: Any
