@@ -227,8 +227,8 @@ def op_profile(path: str, feeds: dict[str, np.ndarray], runs: int = 20) -> list[
     ]
 
 
-def tiny_replay_us(runs: int = 2000) -> dict[str, float]:
-    """Host cost of one run of a tiny model (Relu on 1x16): eager and replayed."""
+def tiny_model() -> bytes:
+    """The tiny model whose runs measure host cost: one Relu on a (1, 16) float32 input x."""
     from onnx import TensorProto, helper
 
     g = helper.make_graph(
@@ -237,7 +237,12 @@ def tiny_replay_us(runs: int = 2000) -> dict[str, float]:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
     )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def tiny_replay_us(runs: int = 2000) -> dict[str, float]:
+    """Host cost of one run of a tiny model (Relu on 1x16): eager and replayed."""
+    m = tiny_model()
     x = np.ones((1, 16), np.float32)
     out = {}
     for name, opts in (("eager", {}), ("graph", {"enable_cuda_graph": "1"})):

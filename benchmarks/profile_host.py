@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from models import CUDA, export_all, feeds_for, model_path
+from models import CUDA, export_all, feeds_for, model_path, tiny_model
 
 import onnxplug as ox
 
@@ -72,17 +72,8 @@ def main() -> int:
     print("\nnodes that ran unprepared (op: first reason):")
     for op, why in sorted(_base.UNPREPARED.items()):
         print(f"  {op}: {why[:200]}")
-    from onnx import TensorProto, helper
-
-    g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     s = ox.InferenceSession(
-        m, providers=[(CUDA, {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+        tiny_model(), providers=[(CUDA, {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
     )
     x = np.ones((1, 16), np.float32)
     profile("tiny graph plain run()", lambda: s.run(None, {"x": x}), 2000, args.top)

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import sys
 import time
 
 import numpy as np
-from onnx import TensorProto, helper
 
 import onnxplug as ox
+
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+)
+from models import tiny_model
 
 CUDA = "CUDAExecutionProvider"
 
@@ -29,10 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     provider, options, device = CUDA, {"enable_cuda_graph": "1"}, ("cuda", 0)
     if args.virtual:
-        import sys
-        from pathlib import Path
-
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
         from tests.plugins import virtual_device as vd
 
         ox.register_execution_provider_library(
@@ -41,13 +44,7 @@ def main() -> None:
         provider, options, device = vd.PINNED_NAME, {"enable_graph": "1"}, ("virt", 5)
     if args.eager:
         options = {}
-    g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    m = tiny_model()
     x = np.ones((1, 16), np.float32)
     s = ox.InferenceSession(m, providers=[(provider, options)])
     # IOBinding on a session of its own, bound once: a graph captured for run() and then fed
