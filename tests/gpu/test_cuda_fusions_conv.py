@@ -34,15 +34,17 @@ def _fused_on_cuda(model: bytes) -> list[str]:
 @pytest.mark.parametrize("fuse", ["0", "1"], ids=["epilogue", "fuse_conv_bias"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("act", ["Relu", "Clip_relu6", "Sigmoid", "LeakyRelu"])
-def test_residual_block_fused_on_cuda(act, dtype, fuse):
+@pytest.mark.parametrize("size", [12, 7], ids=["vectors", "elements"])
+def test_residual_block_fused_on_cuda(size, act, dtype, fuse):
+    """12x12 planes take the epilogue's 16-byte vectors, 7x7 planes its element loop."""
     from onnxplug_cuda import dnn
 
     g = G(dtype)
-    x = g.input("x", [2, 16, 12, 12])
+    x = g.input("x", [2, 16, size, size])
     y = ACTIVATIONS[act][0](g, residual_block(g, x, 16, act=None))
     model = typed(g.model([y]))
     assert sorted(_fused_on_cuda(model)) == sorted(["Relu", act.split("_")[0]])
-    feeds = {"x": np.random.default_rng(1).standard_normal((2, 16, 12, 12)).astype(dtype)}
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 16, size, size)).astype(dtype)}
     before = dict(dnn.stats)
     got, want, _ = run_cuda_and_cpu(model, feeds, {**EXACT32, "fuse_conv_bias": fuse})
     assert dnn.stats["fallback"] == before["fallback"]

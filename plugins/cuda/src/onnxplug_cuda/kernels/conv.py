@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from onnxplug.ep import (
 
 from .. import blas, dnn
 from ._base import CudaKernel, node_graph
-from ._fused import MATH_PRE, UNARY_FLOAT, WIDE_PRE, Elementwise, widen
+from ._fused import MATH_PRE, UNARY_FLOAT, WIDE_PRE, widen
 
 CONV_TYPES = dtypes("float16", "float32", "float64")
 # Column buffers of the fallback are built a few images at a time, up to this many elements.
@@ -103,41 +104,135 @@ def activation_step(name: str | None, params: list[float]) -> tuple[str, Any]:
     return f"v = {expr};", lambda v: twin(v, *p)
 
 
-_EPILOGUES: dict[tuple, Elementwise] = {}
+_EPILOGUE_SRC = r"""
+typedef @T@ T;
+typedef ox_wide_t<T>::type W;
+typedef @I@ I;
+struct __align__(@ALIGN@) OxVec { T v[@V@]; };
+extern "C" __global__ void ox_conv_epilogue(T* __restrict__ y, const T* __restrict__ b,
+                                            const T* __restrict__ z, const I nvec,
+                                            const I inner, const I channels) {
+  for (I u = (I)blockIdx.x * blockDim.x + threadIdx.x; u < nvec;
+       u += (I)gridDim.x * blockDim.x) {
+    OxVec yv = reinterpret_cast<const OxVec*>(y)[u];
+    OxVec zv;
+    if (@HAS_Z@) zv = reinterpret_cast<const OxVec*>(z)[u];
+    // the channel of the vector's first element: a vector never straddles a channel in
+    // NCHW (inner % V == 0) and spans V consecutive channels in NHWC (channels % V == 0)
+    const I c0 = (u * @V@ / inner) % channels;
+    #pragma unroll
+    for (int k = 0; k < @V@; ++k) {
+      W v = W(yv.v[k]);
+      if (@HAS_B@) v += W(b[@CL@ ? c0 + k : c0]);
+      if (@HAS_Z@) v += W(zv.v[k]);
+      @STEP@
+      yv.v[k] = T(v);
+    }
+    reinterpret_cast<OxVec*>(y)[u] = yv;
+  }
+}
+"""
+_EPILOGUE_C = {"float16": "__half", "float32": "float", "float64": "double"}
+_EPILOGUE_THREADS = 256
 
 
-def epilogue(bias: bool, residual: bool, act: str | None, params: list[float]) -> Elementwise:
-    """One kernel for what follows a convolution, in place on its output ``y``:
-    ``y = act(y + b + z)`` computed in float32 (float64 for double) and rounded once; ``b``
-    (shape (1, M, 1...)) broadcasts. Called as ``k(xp, [b,] [z,] y)``."""
+class ConvEpilogue:
+    """What follows a convolution, one kernel in place on its output ``y``:
+    ``y = act(y + b + z)`` computed in float32 (float64 for double) and rounded once; ``b`` is
+    per channel, ``z`` (FusedConv's residual) has y's shape. ``y`` is dense NCHW (channels at
+    dim 1) or, ``channels_last``, dense NHWC. Each thread moves 16 bytes of y (and z) where the
+    channel planes (NCHW) or channel rows (NHWC) divide into 16-byte vectors, one element
+    otherwise; the channel index is computed once per vector, not per element and dim as in a
+    broadcasting elementwise kernel. Compiled on first use per (activation, dtype, operands,
+    vector width, index width, device)."""
+
+    def __init__(self, bias: bool, residual: bool, act: str | None, params: list[float]):
+        self.bias, self.residual = bias, residual
+        self.step, self._act = activation_step(act, params)
+        self._functions: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def twin(self, b: Any, z: Any, y: np.ndarray, channels_last: bool) -> None:
+        v = widen(y)
+        if b is not None:
+            shape = (-1,) if channels_last else (-1,) + (1,) * (y.ndim - 2)
+            v = v + widen(b).reshape(shape)
+        if z is not None:
+            v = v + widen(z)
+        with np.errstate(all="ignore"):
+            np.copyto(y, self._act(v), casting="unsafe")
+
+    def __call__(self, xp: Any, b: Any, z: Any, y: Any, channels_last: bool = False) -> None:
+        if xp is np:
+            self.twin(b, z, y, channels_last)
+            return
+        channels = y.shape[-1] if channels_last else y.shape[1]
+        inner = 1 if channels_last else y.size // (y.shape[0] * channels)
+        if z is not None and not z.flags.c_contiguous:
+            z = xp.ascontiguousarray(z)
+        if b is not None and not b.flags.c_contiguous:
+            b = xp.ascontiguousarray(b)
+        vec = 16 // y.itemsize
+        if (channels if channels_last else inner) % vec or any(
+            a is not None and a.data.ptr % 16 for a in (y, z)
+        ):
+            vec = 1
+        nvec = y.size // vec
+        wide = y.size >= 2**31
+        fn = self._function(xp, y.dtype.name, vec, channels_last, wide)
+        idx = np.int64 if wide else np.int32
+        blocks = min((nvec + _EPILOGUE_THREADS - 1) // _EPILOGUE_THREADS, 65535 * 8)
+        fn(
+            (blocks,),
+            (_EPILOGUE_THREADS,),
+            (y, b if b is not None else y, z if z is not None else y, idx(nvec), idx(inner),
+             idx(channels)),
+        )  # fmt: skip
+
+    def source(self, dtype: str, vec: int, channels_last: bool, wide: bool) -> str:
+        subs = {
+            "@T@": _EPILOGUE_C[dtype],
+            "@I@": "long long" if wide else "int",
+            "@ALIGN@": str(vec * np.dtype(dtype).itemsize),
+            "@V@": str(vec),
+            "@HAS_B@": "true" if self.bias else "false",
+            "@HAS_Z@": "true" if self.residual else "false",
+            "@CL@": "true" if channels_last else "false",
+            "@STEP@": self.step,
+        }
+        src = _EPILOGUE_SRC
+        for k, v in subs.items():
+            src = src.replace(k, v)
+        return "#include <cuda_fp16.h>\n" + WIDE_PRE + MATH_PRE + src
+
+    def _function(self, xp: Any, dtype: str, vec: int, channels_last: bool, wide: bool) -> Any:
+        key = (dtype, vec, channels_last, wide, xp.cuda.runtime.getDevice())
+        fn = self._functions.get(key)
+        if fn is None:
+            with self._lock:
+                fn = self._functions.get(key)
+                if fn is None:
+                    src = self.source(dtype, vec, channels_last, wide)
+                    mod = xp.RawModule(code=src, options=("--std=c++17",))
+                    fn = self._functions[key] = mod.get_function("ox_conv_epilogue")
+        return fn
+
+
+_EPILOGUES: dict[tuple, ConvEpilogue] = {}
+
+
+def epilogue(bias: bool, residual: bool, act: str | None, params: list[float]) -> ConvEpilogue:
+    """The shared ``ConvEpilogue`` for these operands and activation."""
     key = (bias, residual, act, tuple(params))
     k = _EPILOGUES.get(key)
     if k is None:
-        step, fn = activation_step(act, params)
-        ins = [n for n, on in (("b", bias), ("z", residual)) if on]
-        total = " + ".join(["W(y)"] + [f"W({n})" for n in ins])
-
-        def twin(*args: Any) -> None:
-            *operands, y = args
-            v = widen(y)
-            for a in operands:
-                v = v + widen(a)
-            with np.errstate(all="ignore"):
-                np.copyto(y, fn(v), casting="unsafe")
-
-        k = _EPILOGUES[key] = Elementwise(
-            ", ".join(f"T {n}" for n in ins),
-            "T y",
-            f"typedef ox_wide_t<T>::type W; W v = {total}; {step} y = T(v);",
-            "ox_conv_epilogue",
-            twin,
-            WIDE_PRE + MATH_PRE,
-        )
+        k = _EPILOGUES[key] = ConvEpilogue(bias, residual, act, params)
     return k
 
 
 class _ConvBase(CudaKernel):
     transpose = False
+    channels_last = False  # X, Z and Y are NHWC (the com.ms.internal.nhwc ops)
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
@@ -204,7 +299,7 @@ class _ConvBase(CudaKernel):
                 if self.dnn.run(ctx, fused, x, w, b, y, z):
                     self.last_path = "cudnn"
                     if self.activation not in (None, "Relu"):
-                        self._epilogue(False, False)(self.xp, y)
+                        self._epilogue(False, False)(self.xp, None, None, y, self.channels_last)
                     return
             if self.dnn.run(ctx, geo.spec, x, w, None, y, None):
                 self.last_path = "cudnn"
@@ -215,17 +310,14 @@ class _ConvBase(CudaKernel):
         self.fallback(ctx, x, w, b, y, geo)  # adds the bias
         self._finish(None, z, y)
 
-    def _epilogue(self, bias: bool, residual: bool) -> Elementwise:
+    def _epilogue(self, bias: bool, residual: bool) -> ConvEpilogue:
         return epilogue(bias, residual, self.activation, self.activation_params)
 
     def _finish(self, b: Any, z: Any, y: Any) -> None:
         """The bias, residual and activation on the convolution's output, one kernel."""
         if b is None and z is None and self.activation is None:
             return
-        operands = [a for a in (b, z) if a is not None]
-        if b is not None:
-            operands[0] = b.reshape((1, -1) + (1,) * (y.ndim - 2))
-        self._epilogue(b is not None, z is not None)(self.xp, *operands, y)
+        self._epilogue(b is not None, z is not None)(self.xp, b, z, y, self.channels_last)
 
     def fallback(self, ctx: Any, x: Any, w: Any, b: Any, y: Any, geo: _Geometry) -> None:
         raise NotImplementedError
