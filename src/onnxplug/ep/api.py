@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 API_VERSION = 3
 
+# The domain of layout-sensitive ops rewritten to run channels-last (onnxruntime's internal
+# NHWC domain): X and Y are NHWC; see docs/architecture.md for each op's operands.
+NHWC_DOMAIN = "com.ms.internal.nhwc"
+
 # Optional capabilities and the API version that introduced each. The host uses a capability
 # of a plugin only when both API versions are at least this.
 CAPABILITIES: dict[str, int] = {

@@ -95,6 +95,8 @@ class ConvSpec:
     bias: bool = False
     residual: bool = False  # + Z, a tensor of y's shape (FusedConv's fourth input)
     relu: bool = False
+    # X, Y and Z are NHWC and W is (M, kH, kW, C/group) in memory (the dims stay NCHW/OIHW)
+    channels_last: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,19 @@ def _contiguous(dims: list[int]) -> list[int]:
     out = [1] * len(dims)
     for i in range(len(dims) - 2, -1, -1):
         out[i] = out[i + 1] * max(dims[i + 1], 1)
+    return out
+
+
+def _strides(dims: list[int], channels_last: bool) -> list[int]:
+    """Element strides of a dense tensor of NCHW-ordered ``dims``, laid out NCHW or NHWC."""
+    if not channels_last:
+        return _contiguous(dims)
+    out = [1] * len(dims)
+    acc = max(dims[1], 1)
+    for i in range(len(dims) - 1, 1, -1):
+        out[i] = acc
+        acc *= max(dims[i], 1)
+    out[0] = acc
     return out
 
 
@@ -387,16 +402,17 @@ class CudnnConv:
         g = cudnn.pygraph(
             io_data_type=io, intermediate_data_type=comp, compute_data_type=comp, handle=handle
         )
-        X = g.tensor(name="X", dim=xd, stride=_contiguous(xd), data_type=io, uid=_UID_X)
-        W = g.tensor(name="W", dim=wd, stride=_contiguous(wd), data_type=io, uid=_UID_W)
+        cl = spec.channels_last
+        X = g.tensor(name="X", dim=xd, stride=_strides(xd, cl), data_type=io, uid=_UID_X)
+        W = g.tensor(name="W", dim=wd, stride=_strides(wd, cl), data_type=io, uid=_UID_W)
         geometry = dict(pre_padding=pb, post_padding=pe, stride=st, dilation=dl)
         if spec.kind == "fprop":
             out = g.conv_fprop(image=X, weight=W, compute_data_type=comp, name="conv", **geometry)
         else:
             out = g.conv_dgrad(loss=X, filter=W, compute_data_type=comp, name="dgrad", **geometry)
-        # Every tensor gets explicit NCHW dims and strides: the frontend defaults inferred
-        # strides to NHWC.
-        ystride = _contiguous(yd)
+        # Every tensor gets explicit dims and strides (NCHW, or NHWC for channels_last): the
+        # frontend would infer NHWC strides.
+        ystride = _strides(yd, cl)
         out.set_dim(yd)
         out.set_stride(ystride)
         if spec.bias:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from onnxplug.ep import (
+    NHWC_DOMAIN,
     KernelContext,
     KernelInfo,
     KernelRegistry,
@@ -398,6 +399,41 @@ class Conv(_ConvBase):
             y += b.reshape((1, M) + (1,) * n)
 
 
+def _channels_first(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """(N, *spatial, C) -> (N, C, *spatial): an NHWC shape's NCHW dims (also OHWI -> OIHW)."""
+    return (shape[0], shape[-1], *shape[1:-1])
+
+
+class NhwcConv(Conv):
+    """``com.ms.internal.nhwc`` Conv and FusedConv: X, Z and Y are NHWC and W is
+    (M, kH, kW, C/group), as the layout pass rewrites a 2-D convolution when the provider
+    prefers NHWC (``prefer_nhwc``). cuDNN then runs its channels-last engines on the tensors as
+    they are, with none of the NCHW<->NHWC transposes it adds around NCHW convolutions."""
+
+    channels_last = True
+
+    def geometry(self, xs: tuple[int, ...], ws: tuple[int, ...]) -> _Geometry:
+        if len(xs) != 4 or len(ws) != 4:
+            raise ValueError(
+                f"{self.info.op_type} node '{self.info.name}' ({self.info.domain}): input "
+                f"{list(xs)} and weights {list(ws)} must be 4-D (N, H, W, C) and (M, kH, kW, C)"
+            )
+        geo = super().geometry(_channels_first(xs), _channels_first(ws))
+        if geo.spec is not None:
+            geo.spec = dataclasses.replace(geo.spec, channels_last=True)
+        N, M, *out = geo.y
+        geo.y = (N, *out, M)
+        return geo
+
+    def fallback(self, ctx: Any, x: Any, w: Any, b: Any, y: Any, geo: _Geometry) -> None:
+        """The NCHW fallback on channels-first views, through an NCHW buffer."""
+        xp = self.xp
+        first = (0, 3, 1, 2)
+        tmp = xp.empty(_channels_first(tuple(y.shape)), dtype=y.dtype)
+        super().fallback(ctx, x.transpose(first), w.transpose(first), b, tmp, geo)
+        y[...] = tmp.transpose(0, 2, 3, 1)
+
+
 class ConvTranspose(_ConvBase):
     transpose = True
 
@@ -496,3 +532,6 @@ def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
     reg.kernel("Conv", since=1, types={"T": CONV_TYPES})(Conv)
     reg.kernel("ConvTranspose", since=1, types={"T": CONV_TYPES})(ConvTranspose)
     reg.kernel("FusedConv", domain="com.microsoft", since=1, types={0: CONV_TYPES})(Conv)
+    nhwc = dtypes("float16", "float32")
+    reg.kernel("Conv", domain=NHWC_DOMAIN, since=1, types={"T": nhwc})(NhwcConv)
+    reg.kernel("FusedConv", domain=NHWC_DOMAIN, since=1, types={0: nhwc})(NhwcConv)

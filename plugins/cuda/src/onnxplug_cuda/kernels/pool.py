@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
+from onnxplug.ep import NHWC_DOMAIN, KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
 
 from ._base import CudaKernel
 from .conv import pad_spatial
@@ -40,15 +40,17 @@ _PARAMS = (
     "raw T x, int32 D, int32 H, int32 W, int32 OD, int32 OH, int32 OW, "
     "int32 KD, int32 KH, int32 KW, int32 SD, int32 SH, int32 SW, "
     "int32 DD, int32 DH, int32 DW, int32 PD0, int32 PH0, int32 PW0, "
-    "int32 PD1, int32 PH1, int32 PW1, int32 FLAG, float64 P"
+    "int32 PD1, int32 PH1, int32 PW1, int32 FLAG, float64 P, int32 CH"
 )
 
 _LOOP = r"""
 long long t = i;
+// CH > 1: channels-last (N, D, H, W, CH) tensors; CH == 1: (N*C, D, H, W)
+const int ch = (int)(t % CH); t /= CH;
 const int ow = (int)(t % OW); t /= OW;
 const int oh = (int)(t % OH); t /= OH;
 const int od = (int)(t % OD); t /= OD;
-const long long base = t * ((long long)D * H * W);
+const long long base = t * ((long long)D * H * W * CH) + ch;
 ACC acc = 0;
 ACC best = 0;
 long long where = -1;
@@ -78,7 +80,7 @@ _MODES = {
         r"""
       if (inside) {
         const long long off = ((long long)id * H + ih) * W + iw;
-        const ACC v = (ACC)x[base + off];
+        const ACC v = (ACC)x[base + off * CH];
         if (where < 0 || v > best || (v != v && best == best)) {
           best = v;
           where = FLAG ? (id + (long long)D * (ih + (long long)H * iw)) : off;
@@ -90,7 +92,7 @@ _MODES = {
         "T y",
         r"""
       if (inside) {
-        const ACC v = (ACC)x[base + ((long long)id * H + ih) * W + iw];
+        const ACC v = (ACC)x[base + (((long long)id * H + ih) * W + iw) * CH];
         if (where < 0 || v > best || (v != v && best == best)) {
           best = v;
           where = 0;
@@ -103,7 +105,7 @@ _MODES = {
         "T y",
         r"""
       if (inside) {
-        acc += (ACC)x[base + ((long long)id * H + ih) * W + iw];
+        acc += (ACC)x[base + (((long long)id * H + ih) * W + iw) * CH];
         if (!FLAG) ++count;
       }
       if (FLAG && d_pad && h_pad && iw >= -PW0 && iw < W + PW1) ++count;""",
@@ -113,7 +115,7 @@ _MODES = {
         "T y",
         r"""
       if (inside) {
-        const ACC v = (ACC)x[base + ((long long)id * H + ih) * W + iw];
+        const ACC v = (ACC)x[base + (((long long)id * H + ih) * W + iw) * CH];
         acc += pow(v < 0 ? -v : v, (ACC)P);
       }""",
         "y = (T)pow(acc, (ACC)1 / (ACC)P);",
@@ -147,8 +149,17 @@ def _taps(kernel, strides, dilations, out_spatial):
 # ---------------------------------------------------------------------------------------------
 
 
+def _channels_first(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (shape[0], shape[-1], *shape[1:-1])
+
+
+def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (shape[0], *shape[2:], shape[1])
+
+
 class _Pool(CudaKernel):
     mode = ""
+    channels_last = False  # X and Y are NHWC (the com.ms.internal.nhwc ops)
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
@@ -208,20 +219,29 @@ class _Pool(CudaKernel):
 
     def compute(self, ctx: KernelContext) -> None:
         x = self.arg(ctx, 0)
-        yshape, out, pads, ext, args = self.geometry(x.shape)
-        y = self.alloc(ctx, 0, yshape, self.dtype)
+        cl = self.channels_last
+        if cl and x.ndim != 4:
+            raise ValueError(
+                f"{self.info.op_type} node '{self.info.name}' ({self.info.domain}): input "
+                f"{list(x.shape)} must be 4-D (N, H, W, C)"
+            )
+        yshape, out, pads, ext, args = self.geometry(_channels_first(x.shape) if cl else x.shape)
+        y = self.alloc(ctx, 0, _channels_last(yshape) if cl else yshape, self.dtype)
         want_idx = self.mode == "max" and ctx.has_output(1)
         idx = self.alloc(ctx, 1, yshape, np.int64) if want_idx else None
         if y.size == 0:
             return
         if self.xp is not np and args is not None:
+            ch = np.int32(x.shape[-1] if cl else 1)
             if idx is not None:
                 k = _cuda_kernel(self.xp, "max", self.dtype)
-                k(x, *args, self.flag, self.p, y, idx)
+                k(x, *args, self.flag, self.p, ch, y, idx)
             else:
                 mode = "max_values" if self.mode == "max" else self.mode
-                _cuda_kernel(self.xp, mode, self.dtype)(x, *args, self.flag, self.p, y)
+                _cuda_kernel(self.xp, mode, self.dtype)(x, *args, self.flag, self.p, ch, y)
             return
+        if cl:  # the NCHW algorithm on channels-first views
+            x, y = x.transpose(0, 3, 1, 2), y.transpose(0, 3, 1, 2)
         self.host(x, y, idx, out, pads, ext)
 
     def host(self, x: Any, y: Any, idx: Any, out: list[int], pads: list[int], ext: list[int]):
@@ -343,6 +363,8 @@ def _tap_sum(xp, xpad, kernel, strides, dilations, out):
 
 
 class _GlobalPool(CudaKernel):
+    channels_last = False  # X and Y are NHWC (the com.ms.internal.nhwc ops)
+
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.dtype = np.dtype(info.input_dtype(0))
@@ -350,13 +372,21 @@ class _GlobalPool(CudaKernel):
 
     def compute(self, ctx: KernelContext) -> None:
         x = self.arg(ctx, 0)
+        ones = (1,) * (x.ndim - 2)
+        if self.channels_last:  # (N, *spatial, C): reduce (N, S, C) over S
+            N, C = x.shape[0], x.shape[-1]
+            y = self.alloc(ctx, 0, (N, *ones, C), self.dtype)
+            if y.size:
+                self.reduce(x.reshape(N, -1, C), y.reshape(N, C))
+            return
         N, C = x.shape[:2]
-        y = self.alloc(ctx, 0, (N, C) + (1,) * (x.ndim - 2), self.dtype)
+        y = self.alloc(ctx, 0, (N, C) + ones, self.dtype)
         if y.size == 0:
             return
         self.reduce(x.reshape(N * C, -1), y.reshape(N * C))
 
-    def reduce(self, x2: Any, y1: Any) -> None:
+    def reduce(self, xr: Any, yr: Any) -> None:
+        """``yr`` = the reduction of ``xr`` over its axis 1."""
         raise NotImplementedError
 
 
@@ -381,6 +411,29 @@ class GlobalLpPool(_GlobalPool):
         y1[...] = s ** (1.0 / self.p)
 
 
+# ``com.ms.internal.nhwc`` pools (the layout pass's channels-last rewrites of 2-D pools)
+
+
+class NhwcMaxPool(MaxPool):
+    channels_last = True
+
+    @classmethod
+    def claims(cls, node: Any, graph: Any) -> bool:
+        return sum(1 for o in node.outputs if o) == 1  # no Indices: they are NCHW offsets
+
+
+class NhwcAveragePool(AveragePool):
+    channels_last = True
+
+
+class NhwcGlobalAveragePool(GlobalAveragePool):
+    channels_last = True
+
+
+class NhwcGlobalMaxPool(GlobalMaxPool):
+    channels_last = True
+
+
 def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
     t = {"T": POOL_TYPES}
     # MaxPool-8+ has the optional int64 Indices output (type I)
@@ -390,3 +443,8 @@ def register(reg: KernelRegistry, enable_cudnn: bool) -> None:
     reg.kernel("GlobalAveragePool", since=1, types=t)(GlobalAveragePool)
     reg.kernel("GlobalMaxPool", since=1, types=t)(GlobalMaxPool)
     reg.kernel("GlobalLpPool", since=1, types=t)(GlobalLpPool)
+    nhwc = {"T": dtypes("float16", "float32")}
+    reg.kernel("MaxPool", domain=NHWC_DOMAIN, since=1, types=nhwc)(NhwcMaxPool)
+    reg.kernel("AveragePool", domain=NHWC_DOMAIN, since=1, types=nhwc)(NhwcAveragePool)
+    reg.kernel("GlobalAveragePool", domain=NHWC_DOMAIN, since=1, types=nhwc)(NhwcGlobalAveragePool)
+    reg.kernel("GlobalMaxPool", domain=NHWC_DOMAIN, since=1, types=nhwc)(NhwcGlobalMaxPool)
