@@ -736,7 +736,9 @@ class GraphRunner:
                 timing = self._start_timing(frame)
         ended = False
         try:
-            self._stage_feeds(frame, feeds, graph_mode)
+            # a run that delivers its outputs (``fetch``) never hands out the frame's feed
+            # buffer; a subgraph's run (no fetch) may: its device feeds stay in place
+            self._stage_feeds(frame, feeds, graph_mode or fetch is not None)
             if body is not None:
                 body(frame, run_options, where)
             elif recorder is not None:
@@ -789,10 +791,12 @@ class GraphRunner:
                 timing.anchor(timer, stream)
         return timing
 
-    def _stage_feeds(self, frame: Frame, feeds: list[Any], graph_mode: bool) -> None:
-        """Put each feed where its readers want it: device feeds are copied into the frame's
-        static buffer (through pinned staging, asynchronously on the readers' stream). A feed
-        already on the device is used in place, unless a captured graph reads the buffer."""
+    def _stage_feeds(self, frame: Frame, feeds: list[Any], copy_device: bool) -> None:
+        """Put each feed where its readers want it: in the frame's static buffer of the feed's
+        shape, where it has one (host feeds through pinned staging, asynchronously on the
+        readers' stream), so that the readers' prepared calls, and captured graphs, bound to
+        that buffer, run. A feed already on the device is copied there with ``copy_device``
+        (a device copy costs less than unprepared readers), used in place otherwise."""
         plan = self.plan
         values = frame.values
         bufs = frame.feed_bufs
@@ -807,9 +811,8 @@ class GraphRunner:
             if isinstance(v, DeviceTensor) and v.ready is not None:
                 await_ready(v, stream)  # imported: its producer's work comes first
             if isinstance(v, DeviceTensor) and v.device == dev:
-                if buf is not None and graph_mode and v is not buf and v.shape == buf.shape:
-                    # a graph reads the buffer: copy (bound once for a value bound once,
-                    # as with IOBinding)
+                if buf is not None and copy_device and v is not buf and v.shape == buf.shape:
+                    # bound once for a value bound once, as with IOBinding
                     bound = frame.feed_calls[k]
                     if not isinstance(bound, tuple) or bound[0] is not v:
                         bound = frame.feed_calls[k] = (v, plan.transfer.bind_copy(v, buf, stream))
