@@ -240,9 +240,11 @@ class RawElementwise:
             return _NOOP  # type: ignore[return-value]
         flat = len(dims) == 1
         wide = n >= 2**31 or any(abs(s) * d >= 2**31 for row in st for s, d in zip(row, dims))
+        vec = _vector_width(arrays, st, n) if flat else 1
         # a compiled function belongs to the device current when it was loaded (the run's)
         device = xp.cuda.runtime.getDevice()
-        key = (tuple(sorted(types.items())), len(arrays), flat, wide, device)
+        shared = tuple(row[0] == 0 for row in st) if vec > 1 else ()
+        key = (tuple(sorted(types.items())), len(arrays), flat, wide, vec, shared, device)
         try:
             fn = self._function(xp, key, types, [k for k, _ in scalars])
         except Exception:  # the operation does not compile for these types here
@@ -253,7 +255,7 @@ class RawElementwise:
         idx = ctypes.c_longlong if wide else ctypes.c_int
         params: list[Any] = list(ins) + list(outs)  # the kernel's parameter order
         params.append(_index_struct(idx, len(arrays), n, dims, st, flat))
-        blocks = min((n + _THREADS - 1) // _THREADS, 65535 * 8)
+        blocks = min((n // vec + _THREADS - 1) // _THREADS, 65535 * 8)
         return Launch(fn, (blocks, 1, 1), (_THREADS, 1, 1), stream, params, 0, self.name)
 
     def _function(self, xp: Any, key: tuple, types: dict[str, str], scalar_at: list[int]) -> Any:
@@ -262,7 +264,11 @@ class RawElementwise:
         with self._lock:
             fn = self._functions.get(key)
             if key not in self._functions:
-                src = self._source(types, scalar_at, flat=key[2], wide=key[3])
+                _, _, flat, wide, vec, shared, _ = key
+                if vec > 1:
+                    src = self._vector_source(types, scalar_at, wide, vec, shared)
+                else:
+                    src = self._source(types, scalar_at, flat=flat, wide=wide)
                 mod = xp.RawModule(code=src, options=("--std=c++17",))
                 fn = self._functions[key] = mod.get_function("oxr_" + self.name)
         return fn
@@ -323,6 +329,94 @@ class RawElementwise:
             + "\n".join(stores)
             + "\n  }\n}\n"
         )
+
+    def _vector_source(
+        self,
+        types: dict[str, str],
+        scalar_at: list[int],
+        wide: bool,
+        vec: int,
+        shared: tuple[bool, ...],
+    ) -> str:
+        """The flat kernel over dense operands, ``vec`` elements per thread: each dense array
+        moves as one aligned vector (16 bytes for the widest type), a broadcast scalar array
+        (``shared``) is read once per thread."""
+        idx = "long long" if wide else "int"
+        params = self.ins + self.outs
+        n_arr = len(params) - len(scalar_at)
+        typedefs = "".join(f"typedef {c} {t};\n" for t, c in sorted(types.items()))
+        sig, loads, elems, stores = [], [], [], []
+        a = 0
+        for k, (ptype, pname, _) in enumerate(params):
+            if k in scalar_at:
+                sig.append(f"const {ptype} {pname}")
+                continue
+            is_out = k >= len(self.ins)
+            vt = f"OxVec<{ptype}, {vec}>"
+            if is_out:
+                sig.append(f"{ptype}* __restrict__ _p_{pname}")
+                loads.append(f"{vt} _v_{pname};")
+                elems.append(f"{ptype} {pname};")
+                stores.append(f"_v_{pname}.v[_k] = {pname};")
+                stores.append(None)  # placeholder: written after the element loop
+            else:
+                sig.append(f"const {ptype}* __restrict__ _p_{pname}")
+                if shared[a]:
+                    loads.append(f"const {ptype} _s_{pname} = _p_{pname}[0];")
+                    elems.append(f"const {ptype} {pname} = _s_{pname};")
+                else:
+                    loads.append(
+                        f"const {vt} _v_{pname} = reinterpret_cast<const {vt}*>(_p_{pname})[u];"
+                    )
+                    elems.append(f"const {ptype} {pname} = _v_{pname}.v[_k];")
+            a += 1
+        inner = [x for x in stores if x is not None]
+        outer = [
+            f"reinterpret_cast<OxVec<{pt}, {vec}>*>(_p_{pn})[u] = _v_{pn};"
+            for pt, pn, _ in self.outs
+        ]
+        struct = (
+            f"struct OxIdx {{ {idx} n; int ndim; {idx} shape[{MAX_DIMS}]; "
+            f"{idx} st[{n_arr}][{MAX_DIMS}]; }};\n"
+            "template <typename X, int N> struct alignas(sizeof(X) * N) OxVec { X v[N]; };\n"
+        )
+        return (
+            _TYPEDEFS
+            + typedefs
+            + self.preamble
+            + "\n"
+            + struct
+            + f'extern "C" __global__ void oxr_{self.name}({", ".join(sig)}, const OxIdx p) {{\n'
+            + f"  const {idx} nv = p.n / {vec};\n"
+            + f"  for ({idx} u = ({idx})blockIdx.x * blockDim.x + threadIdx.x; u < nv;"
+            + f" u += ({idx})gridDim.x * blockDim.x) {{\n"
+            + "\n".join(loads)
+            + f"\n#pragma unroll\nfor (int _k = 0; _k < {vec}; ++_k) {{\n"
+            + "\n".join(elems)
+            + "\n{\n"
+            + self.operation
+            + ";\n}\n"
+            + "\n".join(inner)
+            + "\n}\n"
+            + "\n".join(outer)
+            + "\n  }\n}\n"
+        )
+
+
+def _vector_width(arrays: list[Any], st: list[list[int]], n: int) -> int:
+    """Elements per thread for a flat operation: 16 bytes of the widest operand, where every
+    array is dense (stride 1) or one broadcast element (stride 0), ``n`` divides into
+    vectors and each dense array is aligned to its vector; 1 otherwise."""
+    vec = 16 // max(a.itemsize for a in arrays)
+    if vec < 2 or n % vec:
+        return 1
+    for a, row in zip(arrays, st):
+        if row[0] == 1:
+            if int(a.data.ptr) % (vec * a.itemsize):
+                return 1
+        elif row[0] != 0:
+            return 1
+    return vec
 
 
 # ---------------------------------------------------------------------------------------------
