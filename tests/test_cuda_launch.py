@@ -168,3 +168,24 @@ def test_unit_width_follows_the_alignment(launches):
     x = _Array(a[:, 2:6], 4096)  # 8-byte rows, 20-byte row stride: 4-byte units
     F.COPY.bind(_Xp, x, _Array(np.zeros((4, 4), np.float16), 8192), stream=0)
     assert launches[-1][4][0] == "ox_copy_units_4_i"
+
+
+@pytest.mark.parametrize(
+    ("n", "ptr", "vec"),
+    [(64, 4096, 8), (60, 4096, 4), (63, 4096, 1), (64, 4096 + 8, 4), (64, 4096 + 2, 1)],
+    ids=["vectors", "half-vectors", "odd", "8-byte-aligned", "2-byte-aligned"],
+)
+def test_dense_float16_operations_move_vectors(launches, n, ptr, vec):
+    """A flat float16 operation over dense operands moves up to 8 elements (16 bytes) per
+    thread: as many as divide the element count and keep every dense pointer aligned; a
+    broadcast scalar operand is read once per thread."""
+    a = _Array(np.zeros(n, np.float16), ptr)
+    b = _Array(np.zeros(1, np.float16), 8192)  # one element broadcast
+    y = _Array(np.zeros(n, np.float16), 16384)
+    op = F.UFUNC_BINARY["add"]
+    op.bind(_Xp, a, b, y, stream=0)
+    assert launches, "no prepared launch"
+    assert L._vector_width([a, b, y], [[1], [0], [1]], n) == vec
+    if vec > 1:
+        src = op._raw._vector_source({"T": "__half"}, [], False, vec, (False, True, False))
+        assert f"OxVec<T, {vec}>" in src and "const T _s_b = _p_b[0];" in src  # read once

@@ -404,19 +404,19 @@ class RawElementwise:
 
 
 def _vector_width(arrays: list[Any], st: list[list[int]], n: int) -> int:
-    """Elements per thread for a flat operation: 16 bytes of the widest operand, where every
-    array is dense (stride 1) or one broadcast element (stride 0), ``n`` divides into
-    vectors and each dense array is aligned to its vector; 1 otherwise."""
-    vec = 16 // max(a.itemsize for a in arrays)
-    if vec < 2 or n % vec:
+    """Elements per thread for a flat operation whose every array is dense (stride 1) or one
+    broadcast element (stride 0): the most, up to 16 bytes of the widest operand, that divide
+    ``n`` and keep each dense array aligned to its vector; 1 otherwise."""
+    if any(row[0] not in (0, 1) for row in st):
         return 1
-    for a, row in zip(arrays, st):
-        if row[0] == 1:
-            if int(a.data.ptr) % (vec * a.itemsize):
-                return 1
-        elif row[0] != 0:
-            return 1
-    return vec
+    vec = 16 // max(a.itemsize for a in arrays)
+    while vec > 1:
+        if n % vec == 0 and all(
+            row[0] == 0 or int(a.data.ptr) % (vec * a.itemsize) == 0 for a, row in zip(arrays, st)
+        ):
+            return vec
+        vec //= 2
+    return 1
 
 
 # ---------------------------------------------------------------------------------------------
