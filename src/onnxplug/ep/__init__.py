@@ -2,8 +2,8 @@
 
 A plugin imports only from here: the factory/EP/device object model, the kernel API, the
 allocator, stream and data-transfer protocols, the BFC arena and the shared-arena cache, ONNX
-type helpers, shared shape and quantization logic, DLPack constants, the host-provided
-control-flow kernels (If/Loop/Scan) and the errors.
+type helpers, the internal NHWC domain, shared shape and quantization logic, DLPack constants,
+the host-provided control-flow kernels (If/Loop/Scan) and the errors.
 """
 
 from .. import errors
@@ -67,12 +67,12 @@ from ..framework.stream import (
     await_ready,
     device_of,
 )
+from ..ir.nhwc import NHWC_DOMAIN, NHWC_OPS
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype, tensor_type_str
 from .api import (
     API_VERSION,
     CAPABILITIES,
     CPU_HARDWARE,
-    NHWC_DOMAIN,
     Ep,
     EpDevice,
     EpFactory,
@@ -126,6 +126,7 @@ __all__ = [
     "MemType",
     "MemoryInfo",
     "NHWC_DOMAIN",
+    "NHWC_OPS",
     "NotImplemented",
     "OutOfMemory",
     "ScanKernel",

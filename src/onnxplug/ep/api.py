@@ -41,10 +41,6 @@ if TYPE_CHECKING:
 
 API_VERSION = 3
 
-# The domain of layout-sensitive ops rewritten to run channels-last (onnxruntime's internal
-# NHWC domain): X and Y are NHWC; see docs/architecture.md for each op's operands.
-NHWC_DOMAIN = "com.ms.internal.nhwc"
-
 # Optional capabilities and the API version that introduced each. The host uses a capability
 # of a plugin only when both API versions are at least this.
 CAPABILITIES: dict[str, int] = {
@@ -190,10 +186,18 @@ class Ep(ABC):
         return [n for n in graph.nodes if graph.lookup_kernel(n) is not None]
 
     def get_preferred_data_layout(self) -> str:
+        """The layout this provider's kernels prefer (onnxruntime's ``GetPreferredDataLayout``):
+        ``"NCHW"``, or ``"NHWC"`` to have the optimizer rewrite the nodes it would run that have
+        an NHWC form (``NHWC_OPS``) into ``NHWC_DOMAIN`` ops between Transposes (its registry
+        must then have those kernels)."""
         return "NCHW"
 
-    def should_convert_data_layout_for_op(self, domain: str, op_type: str, layout: str) -> int:
-        """-1: let the host decide, 0: do not convert, 1: convert."""
+    def should_convert_data_layout_for_op(
+        self, domain: str, op_type: str, target_layout: str
+    ) -> int:
+        """Whether a node of ``op_type`` in ``domain`` is converted to ``target_layout``
+        (onnxruntime's ``ShouldConvertDataLayoutForOp``): 1 convert, 0 keep, -1 let the host
+        decide (it converts the ops that have an NHWC form)."""
         return -1
 
     # memory, streams --------------------------------------------------------------------------

@@ -6,7 +6,10 @@ fusions into contrib ops: the transformer fusions (Gelu, SkipLayerNormalization,
 attention, BiasGelu: see ``fusions`` and ``attention``), Conv + activation -> FusedConv
 (``conv``) and Transposes and scalar scales into FusedMatMul (``matmul``); 3
 (``ORT_ENABLE_LAYOUT``) and above add Conv + residual Add [+ activation] -> FusedConv, which
-onnxruntime runs at that level (``ConvAddActivationFusion``).
+onnxruntime runs at that level (``ConvAddActivationFusion``), and, after every fusion, the
+layout transformation for providers that prefer NHWC (their convolutions and pools become
+``com.ms.internal.nhwc`` ops between Transposes) with the transpose optimizer that cancels
+those Transposes (``TransposeOptimizer``; see ``layout``).
 
 Each pass has onnxruntime's name (``OPTIMIZER_NAMES``); the names a session disables
 (``InferenceSession(..., disabled_optimizers=[...])`` or the session config entry
@@ -25,6 +28,7 @@ import onnx
 from ..ir.graph import Graph, Node, read_only
 from .conv import fold_conv_constants, fuse_conv_activation, fuse_conv_add_activation
 from .fusions import TRANSFORMER_FUSION_NAMES, ProviderPolicy, fuse_transformer
+from .layout import convert_to_nhwc, optimize_transposes
 from .matmul import fuse_matmul_scale, fuse_matmul_transpose
 
 Folder = Callable[[Graph, Node, list[Any]], list[Any] | None]
@@ -41,7 +45,12 @@ OPTIMIZER_NAMES: dict[str, int] = {
     "MatmulTransposeFusion": 2,
     "MatMulScaleFusion": 2,
     "ConvAddActivationFusion": 3,
+    # onnxruntime runs it from level 1 on every graph; here it cleans up after the layout
+    # transformation (level 3), on the graphs that one changed
+    "TransposeOptimizer": 3,
 }
+# the level of the layout transformation (onnxruntime's ORT_ENABLE_LAYOUT)
+LAYOUT_LEVEL = 3
 
 _NO_FOLD = frozenset(
     {
@@ -107,6 +116,10 @@ def optimize(
         for _ in range(_FUSION_ROUNDS):
             if not sum(fuse(g, policy) for fuse in active):
                 break
+        # after the fusions: FusedConv must exist before it is given its NHWC form
+        if level >= LAYOUT_LEVEL and convert_to_nhwc(g, registries):
+            if "TransposeOptimizer" not in disabled:
+                optimize_transposes(g)
 
 
 def _all_graphs(g: Graph) -> list[Graph]:

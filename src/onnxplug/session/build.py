@@ -124,10 +124,11 @@ def _lookup(ep: Ep, graph: Graph, node: Node) -> tuple[KernelDef, Any] | None:
 
 
 class FusionTarget:
-    """One provider as the optimizer's fusions see it (``optimizer.fusions.ProviderPolicy``):
-    which ops its registry has, and whether it would run a node the optimizer is about to
-    make (what partitioning asks: its ``get_capability`` claims the node and a kernel matches
-    the node's types)."""
+    """One provider as the optimizer's fusions and layout pass see it
+    (``optimizer.fusions.ProviderPolicy``, ``optimizer.layout``): which ops its registry has,
+    whether it would run a node the optimizer is about to make (what partitioning asks: its
+    ``get_capability`` claims the node and a kernel matches the node's types), and the data
+    layout it prefers, op by op."""
 
     def __init__(self, ep: Ep):
         self.ep = ep
@@ -139,6 +140,14 @@ class FusionTarget:
     def takes(self, node: Node, graph: Graph) -> bool:
         claimed = self.ep.get_capability(GraphView(graph, [node], self.registry))
         return any(n is node for n in claimed) and _lookup(self.ep, graph, node) is not None
+
+    def get_preferred_data_layout(self) -> str:
+        return str(self.ep.get_preferred_data_layout())
+
+    def should_convert_data_layout_for_op(
+        self, domain: str, op_type: str, target_layout: str
+    ) -> int:
+        return int(self.ep.should_convert_data_layout_for_op(domain, op_type, target_layout))
 
 
 def partition(graph: Graph, ctx: BuildContext) -> dict[int, Assignment]:

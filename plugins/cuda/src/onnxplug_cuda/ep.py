@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from onnxplug.ep import (
+    NHWC_OPS,
     Allocator,
     Device,
     Ep,
@@ -109,6 +110,18 @@ class CudaEp(Ep):
                 claimed.append(n)
         cpu_preferred = self._cpu_preferred(graph)
         return [n for n in claimed if id(n) not in cpu_preferred]
+
+    def get_preferred_data_layout(self) -> str:
+        return "NHWC" if self.options.prefer_nhwc else "NCHW"
+
+    def should_convert_data_layout_for_op(
+        self, domain: str, op_type: str, target_layout: str
+    ) -> int:
+        """With ``prefer_nhwc``: 1 for the ops with an NHWC form (``NHWC_OPS``), 0 for the
+        others; -1 (the host decides) for any other target layout, as onnxruntime's."""
+        if target_layout != "NHWC" or not self.options.prefer_nhwc:
+            return -1
+        return 1 if (domain, op_type) in NHWC_OPS else 0
 
     def _cpu_preferred(self, graph: GraphView) -> set[int]:
         """Shape computations stay on the host: Shape/Size, and integer ops whose inputs are
