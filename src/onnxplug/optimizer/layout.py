@@ -311,13 +311,30 @@ def _cancel_one(e: _Edges) -> bool:
             merged = _new_onnx_node(g, "Transpose", [src], [y], {"perm": composed}, t2)
             g.nodes[g.nodes.index(t2)] = merged
             return True
-        if not e.renamable(y):
-            continue
-        for r in e.readers.get(y, []):
+        readers = e.readers.get(y, [])
+        # readers that name y as an input read src instead; t2 stays for a graph output or a
+        # subgraph reading y, unless y (a graph output) can be made by src's producer
+        moved = [r for r in readers if y not in r.implicit_inputs and y in r.inputs]
+        for r in moved:
             r.inputs = [src if i == y else i for i in r.inputs]
-        g.nodes.remove(t2)
-        return True
+        if e.renamable(y) or _renames_to(e, src, y):
+            g.nodes.remove(t2)
+            return True
+        if moved:
+            return True
     return False
+
+
+def _renames_to(e: _Edges, src: str, y: str) -> bool:
+    """Give ``src`` the name ``y`` (its producer writes y, its readers read y) where ``src`` is
+    a node's output that neither a graph output nor a subgraph reads; whether it did."""
+    producer = e.producer.get(src)
+    if producer is None or not e.renamable(src) or any(r.subgraphs for r in e.readers.get(y, [])):
+        return False
+    producer.outputs = [y if o == src else o for o in producer.outputs]
+    for r in e.readers.get(src, []):
+        r.inputs = [y if i == src else i for i in r.inputs]
+    return True
 
 
 def _push_one(e: _Edges) -> bool:
@@ -329,13 +346,18 @@ def _push_one(e: _Edges) -> bool:
     return False
 
 
+def _elementwise(n: Node) -> bool:
+    """A node a Transpose can be pushed through (when its inputs allow)."""
+    if n.domain != "" or n.subgraphs or len(n.outputs) != 1 or not n.outputs[0]:
+        return False
+    return n.op_type in UNARY_OPS or n.op_type in BINARY_OPS
+
+
 def _push(e: _Edges, u: Node) -> bool:
     g = e.g
-    if u.domain != "" or u.subgraphs or len(u.outputs) != 1 or not u.outputs[0]:
+    if not _elementwise(u):
         return False
     unary = u.op_type in UNARY_OPS
-    if not unary and u.op_type not in BINARY_OPS:
-        return False
     out = u.outputs[0]
     out_type = g.type_of(out)
     if out_type is None or out_type.kind != "tensor" or not out_type.elem_type:
@@ -359,13 +381,13 @@ def _push(e: _Edges, u: Node) -> bool:
     constants = [k for k in data if k not in sources]
     if any(g.initializers[u.inputs[k]].ndim > len(perm) for k in constants):
         return False
-    # worth it: a Transpose before goes (only this node reads it), or one after cancels
+    # worth it: a Transpose before goes (only this node reads it), or the moved one meets a
+    # Transpose or another elementwise node after this one (where it may cancel later: SiLU's
+    # Mul reads the Sigmoid and its input); not for a node read only by graph outputs or
+    # layout-sensitive nodes, where it would add a Transpose
     removes = any(e.read_only_by(t.outputs[0], u) for t in sources.values())
-    cancels = any(
-        (q := e.perm(r)) is not None and [perm[i] for i in q] == list(range(len(perm)))
-        for r in e.readers.get(out, [])
-    )
-    if not (removes or cancels):
+    onward = any(r.op_type == "Transpose" or _elementwise(r) for r in e.readers.get(out, []))
+    if not (removes or onward):
         return False
     inverse = _inverse(perm)
     ins = list(u.inputs)
