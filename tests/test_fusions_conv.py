@@ -595,9 +595,11 @@ def test_fused_equals_unfused(maps, act, residual, bias, seed):
 # does), random weights
 
 
-def resnet50(width: int = 64, size: int = 224, batch: int | str = 1, classes: int = 1000) -> bytes:
+def resnet50(
+    width: int = 64, size: int = 224, batch: int | str = 1, classes: int = 1000, dtype=np.float32
+) -> bytes:
     """torchvision's resnet50 (v1.5: stride on the 3x3 conv) with ``width`` stem channels."""
-    g = G()
+    g = G(dtype)
     x = g.input("x", [batch, 3, size, size])
 
     def conv_bn(v: str, c_in: int, c_out: int, k: int, stride: int, relu: bool) -> str:

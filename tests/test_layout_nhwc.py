@@ -15,8 +15,6 @@ with ``prefer_nhwc=1`` where the CUDA plugin has the NHWC kernels.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 import pytest
@@ -579,16 +577,14 @@ def test_transposes_read_by_a_subgraph_stay():
 # The CUDA provider's hooks and the simulated device end to end
 
 
-def _sim_session(model: bytes, prefer: str, providers=None):
-    providers = providers or [(SIM, {"prefer_nhwc": prefer}), CPU]
-    return ox.InferenceSession(typed(model), providers=providers)
-
-
 @pytest.mark.usefixtures("sim")
 def test_cuda_provider_layout_hooks():
     g = G()
-    model = g.model([g.op("Relu", g.input("x", [1, 2, 3, 3]))])
-    on, off = (_sim_session(model, p)._eps[0] for p in ("1", "0"))
+    model = typed(g.model([g.op("Relu", g.input("x", [1, 2, 3, 3]))]))
+    on, off = (
+        ox.InferenceSession(model, providers=[(SIM, {"prefer_nhwc": p}), CPU])._eps[0]
+        for p in ("1", "0")
+    )
     assert on.get_preferred_data_layout() == "NHWC"
     assert off.get_preferred_data_layout() == "NCHW"
     for domain, op in NHWC_OPS:
@@ -598,35 +594,59 @@ def test_cuda_provider_layout_hooks():
     assert on.should_convert_data_layout_for_op("", "Conv", "NCHW") == -1
 
 
-def _sim_has_nhwc_kernels(sess) -> bool:
-    return sess._eps[0].get_kernel_registry().has_op("Conv", NHWC_DOMAIN)
+def silu_trunk(g: G) -> list[str]:
+    """Two convolutions with SiLU (x * sigmoid(x), EfficientNet's activation) between, the
+    first one's result also a graph output."""
+    x = g.input("x", [2, 4, 10, 10])
+    c = conv(g, x, 4, 8, stride=2)
+    s = g.op("Mul", c, g.op("Sigmoid", c))
+    return [c, g.op("GlobalAveragePool", g.op("Relu", conv(g, s, 8, 8)))]
+
+
+E2E = {
+    "resnet_block": (lambda g: [resnet_block(g)], [2, 3, 16, 16], 2),
+    "resnet50": (None, [1, 3, 32, 32], 2),
+    "silu_trunk": (silu_trunk, [2, 4, 10, 10], 3),
+}
+
+
+def check_channels_last(provider: str, options: dict, case: str, dtype) -> None:
+    """With prefer_nhwc=1 ``provider`` runs every convolution and pool of ``case`` as an NHWC
+    node, the Transposes left are the input's and the outputs', and the results match the
+    CPU provider's; with prefer_nhwc=0 nothing is NHWC (and the results match too)."""
+    build, shape, n_transposes = E2E[case]
+    if build is None:
+        model = resnet50(width=8, size=32, dtype=dtype)
+    else:
+        g = G(dtype)
+        model = g.model(build(g))
+    feeds = {"x": _x(shape, dtype)}
+    sessions = {
+        prefer: ox.InferenceSession(
+            typed(model), providers=[(provider, {**options, "prefer_nhwc": prefer}), CPU]
+        )
+        for prefer in ("0", "1")
+    }
+    off, on = sessions["0"], sessions["1"]
+    assert not nhwc_nodes(off._graph)
+    sensitive = [n for n in off._graph.nodes if (n.domain, n.op_type) in NHWC_OPS]
+    assert len(nhwc_nodes(on._graph)) == len(sensitive) > 0
+    eps = {r["node_name"]: r["ep"] for r in on.get_provider_graph_assignment_info()}
+    assert {eps[n.name] for n in on._graph.nodes if n.domain == NHWC_DOMAIN} == {provider}
+    assert len(transposes(on._graph)) == n_transposes
+    tol = 1e-4 if dtype == np.float32 else 2e-2
+    want = run_model(model, feeds)
+    for sess in (on, off):
+        for got, ref in zip(sess.run(None, feeds), want):
+            assert got.dtype == ref.dtype and got.shape == ref.shape
+            scale = max(1.0, float(np.abs(ref.astype(np.float64)).max()))
+            np.testing.assert_allclose(
+                got.astype(np.float64), ref.astype(np.float64), rtol=tol, atol=tol * scale
+            )
 
 
 @pytest.mark.usefixtures("sim")
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
-def test_resnet_block_on_the_simulated_cuda_device(dtype):
-    """With prefer_nhwc=1 the CUDA plugin runs the block's convolutions and pools as NHWC nodes
-    between two Transposes and matches the CPU provider; with prefer_nhwc=0 nothing is NHWC. (The
-    NHWC part needs the plugin's com.ms.internal.nhwc kernels.)"""
-    g = G(dtype)
-    model = g.model([resnet_block(g)])
-    feeds = {"x": _x([2, 3, 16, 16], dtype)}
-    off = _sim_session(model, "0")
-    assert not nhwc_nodes(off._graph)
-    on = _sim_session(model, "1")
-    if not _sim_has_nhwc_kernels(on):
-        pytest.skip("the CUDA plugin has no com.ms.internal.nhwc kernels yet")
-    assert nhwc_nodes(on._graph) == sorted(
-        ["FusedConv", "FusedConv", "FusedConv", "MaxPool", "GlobalAveragePool"]
-    )
-    eps = {r["node_name"]: r["ep"] for r in on.get_provider_graph_assignment_info()}
-    assert {eps[n.name] for n in on._graph.nodes if n.domain == NHWC_DOMAIN} == {SIM}
-    assert len(transposes(on._graph)) == 2
-    tol = 1e-4 if dtype == np.float32 else 2e-2
-    (want,) = run_model(model, feeds)
-    for sess in (on, off):
-        (got,) = sess.run(None, feeds)
-        assert got.dtype == want.dtype
-        np.testing.assert_allclose(
-            got.astype(np.float32), want.astype(np.float32), rtol=tol, atol=tol * math.sqrt(8)
-        )
+@pytest.mark.parametrize("case", sorted(E2E))
+def test_channels_last_on_the_simulated_cuda_device(case, dtype):
+    check_channels_last(SIM, {}, case, dtype)
