@@ -650,3 +650,20 @@ def check_channels_last(provider: str, options: dict, case: str, dtype) -> None:
 @pytest.mark.parametrize("case", sorted(E2E))
 def test_channels_last_on_the_simulated_cuda_device(case, dtype):
     check_channels_last(SIM, {}, case, dtype)
+
+
+@pytest.mark.usefixtures("sim")
+def test_channels_last_keeps_the_steady_state_on_the_simulated_device():
+    """After warm-up a run of the channels-last ResNet-like block on the simulated device is one
+    host synchronisation, no allocation from the provider's allocator, no view built."""
+    from tests.test_steady_state import steady_counts
+
+    g = G()
+    model = typed(g.model([resnet_block(g)]))
+    s = ox.InferenceSession(model, providers=[(SIM, {"prefer_nhwc": "1"}), CPU])
+    assert len(nhwc_nodes(s._graph)) == 5
+    feeds = {"x": _x([2, 3, 16, 16])}
+    s.run(None, feeds)  # records the signature
+    s.run(None, feeds)  # binds the pooled frame
+    for counts in steady_counts(s, feeds):
+        assert counts == {"syncs": 1, "views": 0, "allocs": 0}
