@@ -460,10 +460,12 @@ def test_policy_leaves_a_provider_without_fused_conv_alone():
 @pytest.mark.parametrize("act", ["Relu", "Tanh", "Clip_relu6", "HardSigmoid"])
 def test_fused_conv_runs_on_the_cuda_provider(act):
     """The CUDA plugin has FusedConv: on the simulated device the fused node runs there (its
-    numpy twins and the GEMM fallback) and matches the CPU's unfused graph."""
+    numpy twins and the GEMM fallback) and matches the CPU's unfused graph. The provider
+    prefers NHWC (its default): the block runs channels-last between two Transposes."""
     g = G()
     y = ACTIVATIONS[act][0](g, residual_block(g, g.input("x", [2, C, 6, 6]), C, act=None))
-    check(g.model([y]), {"x": _x([2, C, 6, 6])}, ["FusedConv", "FusedConv"], None, [SIM, CPU])
+    expect = ["Transpose", "FusedConv", "FusedConv", "Transpose"]
+    check(g.model([y]), {"x": _x([2, C, 6, 6])}, expect, None, [SIM, CPU])
 
 
 @pytest.mark.usefixtures("sim")
@@ -475,7 +477,8 @@ def test_cuda_provider_declines_fused_conv_without_activation():
     x = g.input("x", [2, C, 6, 6])
     model = g.model([g.op("Add", conv(g, x, C, C), x)])
     feeds = {"x": _x([2, C, 6, 6])}
-    s = check(model, feeds, ["Conv", "Add"], None, [SIM, CPU])
+    # channels-last Conv (the provider's default), its output transposed back for the Add
+    s = check(model, feeds, ["Transpose", "Conv", "Transpose", "Add"], None, [SIM, CPU])
     assert set(providers_of(s, "Conv")) == set(providers_of(s, "Add")) == {SIM}
     check(model, feeds, ["FusedConv"])
 

@@ -18,7 +18,8 @@ lets the host decide, which converts every op of ``NHWC_OPS``) and take the NHWC
 
 **Transpose optimizer** (``TransposeOptimizer``), on graphs the layout pass changed, to a fixed
 point: ``Transpose(p2)(Transpose(p1)(x))`` -> x when the two cancel (one Transpose of the
-composed perm otherwise); a Transpose is pushed down through a layout-agnostic elementwise node
+composed perm otherwise); Transposes of one value with one perm become one; a Transpose is
+pushed down through a layout-agnostic elementwise node
 (unary ops; Add/Sub/Mul/Div/Max/Min whose inputs are all Transposes of one perm or constants,
 which are transposed instead), when that removes a Transpose or lets one cancel, so that the
 Transposes between consecutive NHWC nodes go and a CNN's trunk runs channels-last with one
@@ -271,7 +272,7 @@ def optimize_transposes(g: Graph) -> int:
     for _ in range(4 * len(g.nodes) + 16):  # each rewrite removes or lowers a Transpose
         _remove_dead_transposes(g)
         edges = _Edges(g)
-        if not (_cancel_one(edges) or _push_one(edges)):
+        if not (_cancel_one(edges) or _merge_one(edges) or _push_one(edges)):
             break
         rewrites += 1
     _remove_dead_transposes(g)
@@ -322,6 +323,29 @@ def _cancel_one(e: _Edges) -> bool:
             return True
         if moved:
             return True
+    return False
+
+
+def _merge_one(e: _Edges) -> bool:
+    """Two Transposes of one value with one perm (a graph input read by a convolution and as
+    FusedConv's residual, each given its own): the readers of the second read the first."""
+    seen: dict[tuple[str, tuple[int, ...]], str] = {}
+    for t in e.g.nodes:
+        perm = e.perm(t)
+        if perm is None:
+            continue
+        key = (t.inputs[0], tuple(perm))
+        kept = seen.get(key)
+        if kept is None:
+            seen[key] = t.outputs[0]
+            continue
+        y = t.outputs[0]
+        if not e.renamable(y):
+            continue
+        for r in e.readers.get(y, []):
+            r.inputs = [kept if i == y else i for i in r.inputs]
+        e.g.nodes.remove(t)
+        return True
     return False
 
 

@@ -154,7 +154,14 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("enable_cuda_graph", _bool, False, doc="capture and replay CUDA graphs"),
     OptionSpec("enable_skip_layer_norm_strict_mode", _bool, False, doc="SkipLayerNorm strict mode"),
     OptionSpec(
-        "prefer_nhwc", _bool, False, aliases=("prefer_nhwc_layout",), doc="prefer NHWC layout"
+        # onnxplug's default is 1 (onnxruntime's 0): channels-last convolutions measured
+        # faster in every ResNet-50 row on the H100 (b1 fp32 0.72 vs 0.93 ms, b32 fp16 1.94 vs
+        # 2.70 ms, IOBinding + graph); the layout is internal, inputs and outputs stay NCHW
+        "prefer_nhwc",
+        _bool,
+        True,
+        aliases=("prefer_nhwc_layout",),
+        doc="prefer NHWC layout",
     ),
     OptionSpec("use_ep_level_unified_stream", _bool, False, doc="one stream for every run"),
     OptionSpec("use_tf32", _bool, True, doc="allow TF32 math for float32"),
@@ -209,7 +216,7 @@ class CudaOptions:
     cudnn_conv1d_pad_to_nc1d: bool = False
     enable_cuda_graph: bool = False
     enable_skip_layer_norm_strict_mode: bool = False
-    prefer_nhwc: bool = False
+    prefer_nhwc: bool = True
     use_ep_level_unified_stream: bool = False
     use_tf32: bool = True
     fuse_conv_bias: bool = False
