@@ -6,9 +6,6 @@ on ``CUDAExecutionProvider``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
@@ -16,9 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxplug as ox
 from onnxplug.ep import NHWC_DOMAIN
+from tests.test_cuda_sim import SIM, sim  # noqa: F401  (the simulated CUDA provider)
 
-PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
-SIM = "CUDASimExecutionProvider"
 CPU = "CPUExecutionProvider"
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 
@@ -119,25 +115,18 @@ def check(provider: str, options: dict, case, dtype) -> None:
 IDS = [f"{c[0]}-{i}" for i, c in enumerate(cases())]
 
 
-@pytest.fixture(scope="module")
-def sim():
-    if str(PLUGIN_SRC) not in sys.path:
-        sys.path.insert(0, str(PLUGIN_SRC))
-    ox.register_execution_provider_library(SIM, "onnxplug_cuda.sim:create_factory")
-    yield SIM
-    ox.unregister_execution_provider_library(SIM)
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
 @pytest.mark.parametrize("case", cases(), ids=IDS)
-def test_nhwc_kernel_matches_nchw_on_cpu(sim, case, dtype):
-    check(sim, {}, case, dtype)
+@pytest.mark.usefixtures("sim")
+def test_nhwc_kernel_matches_nchw_on_cpu(case, dtype):
+    check(SIM, {}, case, dtype)
 
 
-def test_nhwc_conv_names_the_node_on_bad_channels(sim):
+@pytest.mark.usefixtures("sim")
+def test_nhwc_conv_names_the_node_on_bad_channels():
     nhwc, _, _ = build(cases()[0], np.float32)
     m = onnx.load_from_string(nhwc)
     m.graph.input[0].type.tensor_type.ClearField("shape")
-    s = ox.InferenceSession(m.SerializeToString(), providers=[sim, CPU])
+    s = ox.InferenceSession(m.SerializeToString(), providers=[SIM, CPU])
     with pytest.raises(Exception, match="disagree"):
         s.run(None, {"x": np.zeros((2, 5, 9, 9), np.float32)})

@@ -273,34 +273,52 @@ class RawElementwise:
                 fn = self._functions[key] = mod.get_function("oxr_" + self.name)
         return fn
 
-    def _source(self, types: dict[str, str], scalar_at: list[int], flat: bool, wide: bool) -> str:
+    def _arrays(self, scalar_at: list[int]) -> list[tuple[str, str, bool]]:
+        """(type, name, is output) of each array parameter, in the kernel's order."""
+        n_in = len(self.ins)
+        return [
+            (ptype, pname, k >= n_in)
+            for k, (ptype, pname, _) in enumerate(self.ins + self.outs)
+            if k not in scalar_at
+        ]
+
+    def _kernel(self, types: dict[str, str], scalar_at: list[int], wide: bool, body: str) -> str:
+        """The module source: typedefs, preamble, the index struct and the entry point (arrays
+        as ``_p_<name>`` pointers, scalars by value, then the index struct) around ``body``."""
         idx = "long long" if wide else "int"
-        params = self.ins + self.outs
-        n_arr = len(params) - len(scalar_at)
-        typedefs = "".join(f"typedef {c} {t};\n" for t, c in sorted(types.items()))
-        sig, loads, stores, offs = [], [], [], []
-        a = 0
-        for k, (ptype, pname, _) in enumerate(params):
+        sig = []
+        for k, (ptype, pname, _) in enumerate(self.ins + self.outs):
             if k in scalar_at:
                 sig.append(f"const {ptype} {pname}")
-                continue
-            is_out = k >= len(self.ins)
-            sig.append(
-                f"{ptype}* __restrict__ _p_{pname}"
-                if is_out
-                else f"const {ptype}* __restrict__ _p_{pname}"
-            )
+            elif k >= len(self.ins):
+                sig.append(f"{ptype}* __restrict__ _p_{pname}")
+            else:
+                sig.append(f"const {ptype}* __restrict__ _p_{pname}")
+        n_arr = len(self._arrays(scalar_at))
+        return (
+            _TYPEDEFS
+            + "".join(f"typedef {c} {t};\n" for t, c in sorted(types.items()))
+            + self.preamble
+            + "\n"
+            + f"struct OxIdx {{ {idx} n; int ndim; {idx} shape[{MAX_DIMS}]; "
+            + f"{idx} st[{n_arr}][{MAX_DIMS}]; }};\n"
+            + "template <typename X, int N> struct alignas(sizeof(X) * N) OxVec { X v[N]; };\n"
+            + f'extern "C" __global__ void oxr_{self.name}({", ".join(sig)}, const OxIdx p) {{\n'
+            + body
+            + "}\n"
+        )
+
+    def _source(self, types: dict[str, str], scalar_at: list[int], flat: bool, wide: bool) -> str:
+        idx = "long long" if wide else "int"
+        loads, stores = [], []
+        arrays = self._arrays(scalar_at)
+        for a, (ptype, pname, is_out) in enumerate(arrays):
             if is_out:
                 loads.append(f"{ptype} {pname};")
                 stores.append(f"_p_{pname}[o{a}] = {pname};")
             else:
                 loads.append(f"const {ptype} {pname} = _p_{pname}[o{a}];")
-            offs.append(a)
-            a += 1
-        struct = (
-            f"struct OxIdx {{ {idx} n; int ndim; {idx} shape[{MAX_DIMS}]; "
-            f"{idx} st[{n_arr}][{MAX_DIMS}]; }};\n"
-        )
+        offs = range(len(arrays))
         if flat:
             offsets = "".join(f"const {idx} o{k} = i * p.st[{k}][0];\n" for k in offs)
         else:
@@ -312,14 +330,8 @@ class RawElementwise:
                 + "".join(f"  o{k} += c * p.st[{k}][d];\n" for k in offs)
                 + "}\n"
             )
-        return (
-            _TYPEDEFS
-            + typedefs
-            + self.preamble
-            + "\n"
-            + struct
-            + f'extern "C" __global__ void oxr_{self.name}({", ".join(sig)}, const OxIdx p) {{\n'
-            + f"  for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < p.n;"
+        body = (
+            f"  for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < p.n;"
             + f" i += ({idx})gridDim.x * blockDim.x) {{\n"
             + offsets
             + "\n".join(loads)
@@ -327,8 +339,9 @@ class RawElementwise:
             + self.operation
             + ";\n}\n"
             + "\n".join(stores)
-            + "\n  }\n}\n"
+            + "\n  }\n"
         )
+        return self._kernel(types, scalar_at, wide, body)
 
     def _vector_source(
         self,
@@ -342,52 +355,24 @@ class RawElementwise:
         moves as one aligned vector (16 bytes for the widest type), a broadcast scalar array
         (``shared``) is read once per thread."""
         idx = "long long" if wide else "int"
-        params = self.ins + self.outs
-        n_arr = len(params) - len(scalar_at)
-        typedefs = "".join(f"typedef {c} {t};\n" for t, c in sorted(types.items()))
-        sig, loads, elems, stores = [], [], [], []
-        a = 0
-        for k, (ptype, pname, _) in enumerate(params):
-            if k in scalar_at:
-                sig.append(f"const {ptype} {pname}")
-                continue
-            is_out = k >= len(self.ins)
+        loads, elems, puts, stores = [], [], [], []
+        for a, (ptype, pname, is_out) in enumerate(self._arrays(scalar_at)):
             vt = f"OxVec<{ptype}, {vec}>"
             if is_out:
-                sig.append(f"{ptype}* __restrict__ _p_{pname}")
                 loads.append(f"{vt} _v_{pname};")
                 elems.append(f"{ptype} {pname};")
-                stores.append(f"_v_{pname}.v[_k] = {pname};")
-                stores.append(None)  # placeholder: written after the element loop
+                puts.append(f"_v_{pname}.v[_k] = {pname};")
+                stores.append(f"reinterpret_cast<{vt}*>(_p_{pname})[u] = _v_{pname};")
+            elif shared[a]:
+                loads.append(f"const {ptype} _s_{pname} = _p_{pname}[0];")
+                elems.append(f"const {ptype} {pname} = _s_{pname};")
             else:
-                sig.append(f"const {ptype}* __restrict__ _p_{pname}")
-                if shared[a]:
-                    loads.append(f"const {ptype} _s_{pname} = _p_{pname}[0];")
-                    elems.append(f"const {ptype} {pname} = _s_{pname};")
-                else:
-                    loads.append(
-                        f"const {vt} _v_{pname} = reinterpret_cast<const {vt}*>(_p_{pname})[u];"
-                    )
-                    elems.append(f"const {ptype} {pname} = _v_{pname}.v[_k];")
-            a += 1
-        inner = [x for x in stores if x is not None]
-        outer = [
-            f"reinterpret_cast<OxVec<{pt}, {vec}>*>(_p_{pn})[u] = _v_{pn};"
-            for pt, pn, _ in self.outs
-        ]
-        struct = (
-            f"struct OxIdx {{ {idx} n; int ndim; {idx} shape[{MAX_DIMS}]; "
-            f"{idx} st[{n_arr}][{MAX_DIMS}]; }};\n"
-            "template <typename X, int N> struct alignas(sizeof(X) * N) OxVec { X v[N]; };\n"
-        )
-        return (
-            _TYPEDEFS
-            + typedefs
-            + self.preamble
-            + "\n"
-            + struct
-            + f'extern "C" __global__ void oxr_{self.name}({", ".join(sig)}, const OxIdx p) {{\n'
-            + f"  const {idx} nv = p.n / {vec};\n"
+                loads.append(
+                    f"const {vt} _v_{pname} = reinterpret_cast<const {vt}*>(_p_{pname})[u];"
+                )
+                elems.append(f"const {ptype} {pname} = _v_{pname}.v[_k];")
+        body = (
+            f"  const {idx} nv = p.n / {vec};\n"
             + f"  for ({idx} u = ({idx})blockIdx.x * blockDim.x + threadIdx.x; u < nv;"
             + f" u += ({idx})gridDim.x * blockDim.x) {{\n"
             + "\n".join(loads)
@@ -396,11 +381,12 @@ class RawElementwise:
             + "\n{\n"
             + self.operation
             + ";\n}\n"
-            + "\n".join(inner)
+            + "\n".join(puts)
             + "\n}\n"
-            + "\n".join(outer)
-            + "\n  }\n}\n"
+            + "\n".join(stores)
+            + "\n  }\n"
         )
+        return self._kernel(types, scalar_at, wide, body)
 
 
 def _vector_width(arrays: list[Any], st: list[list[int]], n: int) -> int:
