@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import threading
 from typing import Any
 
 import numpy as np
@@ -40,7 +39,7 @@ from onnxplug.ep import (
 
 from .. import blas, dnn
 from ._base import CudaKernel, node_graph
-from ._fused import MATH_PRE, UNARY_FLOAT, WIDE_PRE, widen
+from ._fused import MATH_PRE, UNARY_FLOAT, WIDE_PRE, _RowModule, widen
 
 CONV_TYPES = dtypes("float16", "float32", "float64")
 # Column buffers of the fallback are built a few images at a time, up to this many elements.
@@ -150,8 +149,7 @@ class ConvEpilogue:
     def __init__(self, bias: bool, residual: bool, act: str | None, params: list[float]):
         self.bias, self.residual = bias, residual
         self.step, self._act = activation_step(act, params)
-        self._functions: dict[tuple, Any] = {}
-        self._lock = threading.Lock()
+        self._modules: dict[tuple, _RowModule] = {}
 
     def twin(self, b: Any, z: Any, y: np.ndarray, channels_last: bool) -> None:
         v = widen(y)
@@ -207,16 +205,12 @@ class ConvEpilogue:
         return "#include <cuda_fp16.h>\n" + WIDE_PRE + MATH_PRE + src
 
     def _function(self, xp: Any, dtype: str, vec: int, channels_last: bool, wide: bool) -> Any:
-        key = (dtype, vec, channels_last, wide, xp.cuda.runtime.getDevice())
-        fn = self._functions.get(key)
-        if fn is None:
-            with self._lock:
-                fn = self._functions.get(key)
-                if fn is None:
-                    src = self.source(dtype, vec, channels_last, wide)
-                    mod = xp.RawModule(code=src, options=("--std=c++17",))
-                    fn = self._functions[key] = mod.get_function("ox_conv_epilogue")
-        return fn
+        key = (dtype, vec, channels_last, wide)
+        mod = self._modules.get(key)
+        if mod is None:
+            src = self.source(dtype, vec, channels_last, wide)
+            mod = self._modules.setdefault(key, _RowModule(src))
+        return mod.function(xp, "ox_conv_epilogue")
 
 
 _EPILOGUES: dict[tuple, ConvEpilogue] = {}
@@ -399,9 +393,14 @@ class Conv(_ConvBase):
             y += b.reshape((1, M) + (1,) * n)
 
 
-def _channels_first(shape: tuple[int, ...]) -> tuple[int, ...]:
+def nchw_dims(shape: tuple[int, ...]) -> tuple[int, ...]:
     """(N, *spatial, C) -> (N, C, *spatial): an NHWC shape's NCHW dims (also OHWI -> OIHW)."""
     return (shape[0], shape[-1], *shape[1:-1])
+
+
+def nhwc_dims(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """(N, C, *spatial) -> (N, *spatial, C)."""
+    return (shape[0], *shape[2:], shape[1])
 
 
 class NhwcConv(Conv):
@@ -418,18 +417,17 @@ class NhwcConv(Conv):
                 f"{self.info.op_type} node '{self.info.name}' ({self.info.domain}): input "
                 f"{list(xs)} and weights {list(ws)} must be 4-D (N, H, W, C) and (M, kH, kW, C)"
             )
-        geo = super().geometry(_channels_first(xs), _channels_first(ws))
+        geo = super().geometry(nchw_dims(xs), nchw_dims(ws))
         if geo.spec is not None:
             geo.spec = dataclasses.replace(geo.spec, channels_last=True)
-        N, M, *out = geo.y
-        geo.y = (N, *out, M)
+        geo.y = nhwc_dims(geo.y)
         return geo
 
     def fallback(self, ctx: Any, x: Any, w: Any, b: Any, y: Any, geo: _Geometry) -> None:
         """The NCHW fallback on channels-first views, through an NCHW buffer."""
         xp = self.xp
         first = (0, 3, 1, 2)
-        tmp = xp.empty(_channels_first(tuple(y.shape)), dtype=y.dtype)
+        tmp = xp.empty(nchw_dims(tuple(y.shape)), dtype=y.dtype)
         super().fallback(ctx, x.transpose(first), w.transpose(first), b, tmp, geo)
         y[...] = tmp.transpose(0, 2, 3, 1)
 

@@ -29,7 +29,7 @@ import numpy as np
 from onnxplug.ep import NHWC_DOMAIN, KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
 
 from ._base import CudaKernel
-from .conv import pad_spatial
+from .conv import nchw_dims, nhwc_dims, pad_spatial
 
 POOL_TYPES = dtypes("float16", "float32", "float64")
 
@@ -149,14 +149,6 @@ def _taps(kernel, strides, dilations, out_spatial):
 # ---------------------------------------------------------------------------------------------
 
 
-def _channels_first(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return (shape[0], shape[-1], *shape[1:-1])
-
-
-def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return (shape[0], *shape[2:], shape[1])
-
-
 class _Pool(CudaKernel):
     mode = ""
     channels_last = False  # X and Y are NHWC (the com.ms.internal.nhwc ops)
@@ -225,8 +217,8 @@ class _Pool(CudaKernel):
                 f"{self.info.op_type} node '{self.info.name}' ({self.info.domain}): input "
                 f"{list(x.shape)} must be 4-D (N, H, W, C)"
             )
-        yshape, out, pads, ext, args = self.geometry(_channels_first(x.shape) if cl else x.shape)
-        y = self.alloc(ctx, 0, _channels_last(yshape) if cl else yshape, self.dtype)
+        yshape, out, pads, ext, args = self.geometry(nchw_dims(x.shape) if cl else x.shape)
+        y = self.alloc(ctx, 0, nhwc_dims(yshape) if cl else yshape, self.dtype)
         want_idx = self.mode == "max" and ctx.has_output(1)
         idx = self.alloc(ctx, 1, yshape, np.int64) if want_idx else None
         if y.size == 0:
