@@ -147,12 +147,12 @@ def test_a_background_import_runs_on_its_own_thread(blas, tmp_path, monkeypatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "slow_mod_for_bg_import", raising=False)
     bg = blas.BackgroundImport("slow_mod_for_bg_import")
-    bg.wait()  # never started: nothing to wait for
     bg.start()
     bg.start()  # once
-    bg.wait()
-    mod = sys.modules["slow_mod_for_bg_import"]
+    (mod,) = bg.modules()
+    assert mod is sys.modules["slow_mod_for_bg_import"]
     assert mod.THREAD == "onnxplug-import-slow_mod_for_bg_import"
+    assert blas.BackgroundImport("slow_mod_for_bg_import").modules() == (mod,)  # never started
     import slow_mod_for_bg_import  # noqa: F401  (the module is there for the caller's import)
 
 
@@ -163,7 +163,7 @@ def test_a_failed_background_import_is_raised_where_the_modules_are_needed(blas,
     monkeypatch.setattr(blas, "NVMATH", bg)
     bg.start()
     with pytest.raises(ModuleNotFoundError, match="no_such_module_onnxplug_test"):
-        bg.wait()
+        bg.modules()
 
     class Ep:
         ordinal = 0
@@ -177,3 +177,37 @@ def test_a_failed_background_import_is_raised_where_the_modules_are_needed(blas,
     with pytest.warns(RuntimeWarning, match="nvmath-python is not importable.*no_such_module"):
         eng = blas.engine_for(Ep())
     assert isinstance(eng, blas.XpGemm)
+
+
+def test_import_skipping_package_inits(tmp_path, monkeypatch):
+    """The module is imported without its packages' __init__; they are not left behind as
+    bare packages, and a later import of the package runs its __init__ and finds the module."""
+    monkeypatch.syspath_prepend(str(PLUGIN_SRC))
+    from onnxplug_cuda.blas import import_skipping_package_inits
+
+    pkg = tmp_path / "heavypkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "import builtins\nbuiltins.HEAVY_INIT = True\nfrom . import sub\n"
+    )
+    (pkg / "sub" / "__init__.py").write_text("raise RuntimeError('sub init ran')\n")
+    (pkg / "sub" / "leaf.py").write_text("from heavypkg.sub import helper\nVALUE = helper.X\n")
+    (pkg / "sub" / "helper.py").write_text("X = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ["heavypkg", "heavypkg.sub", "heavypkg.sub.leaf", "heavypkg.sub.helper"]
+    try:
+        leaf = import_skipping_package_inits("heavypkg.sub.leaf")
+        assert leaf.VALUE == 42
+        assert "heavypkg" not in sys.modules and "heavypkg.sub" not in sys.modules
+        assert not hasattr(__import__("builtins"), "HEAVY_INIT")
+        assert sys.modules["heavypkg.sub.leaf"] is leaf
+        with pytest.raises(ModuleNotFoundError, match="nosuchpkg"):
+            import_skipping_package_inits("nosuchpkg.leaf")
+        with pytest.raises(RuntimeError, match="sub init ran"):
+            __import__("heavypkg")  # the package's own __init__ runs as usual
+        assert __import__("builtins").HEAVY_INIT
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+        if hasattr(__import__("builtins"), "HEAVY_INIT"):
+            del __import__("builtins").HEAVY_INIT

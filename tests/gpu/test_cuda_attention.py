@@ -45,7 +45,9 @@ def test_fused_attention_on_cuda_matches_unfused_cpu(name, left_pad):
     )
 
 
-def _attention_model(b: int, s: int, d: int, heads: int, mask: str, causal: bool, dtype) -> bytes:
+def _attention_model(
+    b: int, s: int, d: int, heads: int, mask: str, causal: bool, dtype, filter_value=None
+) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
     ttype = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
@@ -55,6 +57,8 @@ def _attention_model(b: int, s: int, d: int, heads: int, mask: str, causal: bool
     inputs = ["x", "w", "bias"]
     graph_inputs = [helper.make_tensor_value_info("x", ttype, [b, s, d])]
     attrs: dict = {"num_heads": heads, "unidirectional": int(causal)}
+    if filter_value is not None:
+        attrs["mask_filter_value"] = filter_value
     domain = "com.microsoft"
     if mask in ("2d", "3d"):
         inputs.append("mask")
@@ -101,8 +105,7 @@ def _attention_model(b: int, s: int, d: int, heads: int, mask: str, causal: bool
 @pytest.mark.parametrize("graph", [False, True])
 def test_attention_node_matches_cpu(dtype, b, s, mask, causal, graph):
     """The Attention kernel's prepared paths against the CPU provider, eager and replayed:
-    float32 through the GEMMs (head copies at batch > 1, in place at batch 1; every softmax
-    variant), float16 through cuDNN's fused attention."""
+    float32 through the fused float32 kernel, float16 through cuDNN's fused attention."""
     d, heads = 64, 4
     model = _attention_model(b, s, d, heads, mask, causal, dtype)
     rng = np.random.default_rng(b * 1000 + s)
@@ -154,3 +157,42 @@ def test_sdpa_kernel_selects_the_fused_attention(bits, fused):
         got = cuda.run(None, feeds)[0].astype(np.float32)
         np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
     assert (dnn.stats["attention"] > before) == fused
+
+
+@pytest.mark.parametrize(
+    "heads,d,b,s,mask,causal,filter_value",
+    [
+        (1, 64, 3, 37, "2d", True, None),  # heads of 64: the fused kernel's widest
+        (2, 40, 3, 37, "2d", False, None),  # heads of 20 (not a multiple of 8)
+        (6, 48, 2, 33, "3d", True, -1.0),  # a small filter: masked keys keep some weight
+        (4, 64, 2, 45, "2d", False, float("-inf")),  # fully masked rows: NaN, as on the CPU
+        (4, 64, 24, 100, "bias", True, None),  # a grid of 32-query tiles
+        (1, 128, 2, 37, "2d", True, None),  # heads of 128: the GEMM path
+    ],
+)
+def test_fused_float32_attention_matches_cpu(heads, d, b, s, mask, causal, filter_value):
+    """float32 Attention through the fused kernel (heads up to 64) at any batch, reading the
+    heads in place, against the CPU provider; wider heads take the GEMM path."""
+    from onnxplug_cuda.kernels import attention
+
+    model = _attention_model(b, s, d, heads, mask, causal, np.float32, filter_value)
+    rng = np.random.default_rng(heads * 100 + s)
+    feeds = {"x": rng.standard_normal((b, s, d)).astype(np.float32)}
+    if mask == "2d":
+        m = np.ones((b, s), np.int32)
+        m[-1, s // 3 :] = 0
+        if filter_value == float("-inf"):
+            m[0, :] = 0  # every key of batch 0 masked: undefined rows
+        feeds["mask"] = m
+    elif mask == "3d":
+        feeds["mask"] = (rng.random((b, s, s)) > 0.3).astype(np.int32)
+    else:
+        feeds["attn_bias"] = rng.standard_normal((b, 1, s, s)).astype(np.float32)
+    before = attention.stats["fused_f32"]
+    cuda = ox.InferenceSession(model, providers=[(CUDA, {"use_tf32": "0"}), CPU])
+    cpu = ox.InferenceSession(model, providers=[CPU])
+    want = cpu.run(None, feeds)[0]
+    for _ in range(2):
+        got = cuda.run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert (attention.stats["fused_f32"] > before) == (d // heads <= 64)

@@ -205,6 +205,46 @@ def test_two_threads_capture_their_own_graphs():
     assert not errors, errors[0]
 
 
+def test_threads_with_their_own_iobindings_synchronise_without_breaking_captures():
+    # Each thread binds device values and calls synchronize_inputs/outputs around its runs
+    # while other threads capture their graphs: a device-wide synchronisation during a capture
+    # fails and invalidates it, so the synchronisations wait for captures to end (inputs) or
+    # have nothing to wait for (outputs: a run ends synchronised); every thread captures.
+    model = conv()
+    sess = graph_session(model)
+    eager = ox.InferenceSession(model, providers=[CUDA, CPU])
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def worker(k: int) -> None:
+        try:
+            x = rand(2, 3, 16, 16, seed=k)
+            (want,) = eager.run(None, {"x": x})
+            xv = ox.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+            yv = ox.OrtValue.ortvalue_from_shape_and_type([2, 8, 1, 1], np.float32, "cuda", 0)
+            io = sess.io_binding()
+            io.bind_ortvalue_input("x", xv)
+            io.bind_ortvalue_output("y", yv)
+            barrier.wait()
+            for _ in range(30):
+                io.synchronize_inputs()
+                sess.run_with_iobinding(io)
+                io.synchronize_outputs()
+                np.testing.assert_array_equal(yv.numpy(), want)
+            assert states(sess) == ["captured"]
+        except BaseException as e:
+            errors.append(e)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an abandoned capture warns
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+
+
 def test_piecewise_capture_around_a_host_node():
     # NonZero reads its input's count on the host: the device work before and after it are
     # captured as two graphs, NonZero runs eagerly between them

@@ -58,7 +58,9 @@ def test_the_node_suite_cases_import_neither_cupyx_nor_scipy():
 
 def test_nvmath_is_imported_beside_the_session_set_up():
     """The CUDA backend starts nvmath's import on a thread of its own; the first MatMul joins
-    it and runs through cuBLASLt (not the CuPy fallback)."""
+    it and runs through cuBLASLt (not the CuPy fallback). nvmath's package __init__ (which
+    loads cuFFT, cuSOLVER, ...) is not run, and a later ``import nvmath`` still gets the
+    whole package, with the same bindings module."""
     script = textwrap.dedent(
         """
         import json
@@ -79,11 +81,17 @@ def test_nvmath_is_imported_beside_the_session_set_up():
         a = np.random.default_rng(0).integers(-3, 4, (64, 64)).astype(np.float32)
         (y,) = s.run(None, {"a": a, "b": a.T.copy()})
         thread = blas.NVMATH._thread
+        import sys
+        skipped = "nvmath" not in sys.modules and "nvmath.bindings.cufft" not in sys.modules
+        import nvmath  # the user's own import still runs nvmath's __init__
         print(json.dumps({
             "started": thread is not None,
             "alive": thread is not None and thread.is_alive(),
             "cublaslt": blas.stats["cublaslt"],
             "close": bool(np.array_equal(y, a @ a.T)),
+            "package_inits_skipped": skipped,
+            "same_bindings": nvmath.bindings.cublasLt is blas.cublaslt(),
+            "full_package": hasattr(nvmath, "linalg"),
         }))
         """
     )
@@ -92,5 +100,13 @@ def test_nvmath_is_imported_beside_the_session_set_up():
     )
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out == {"started": True, "alive": False, "cublaslt": out["cublaslt"], "close": True}
+    assert out == {
+        "started": True,
+        "alive": False,
+        "cublaslt": out["cublaslt"],
+        "close": True,
+        "package_inits_skipped": True,
+        "same_bindings": True,
+        "full_package": True,
+    }
     assert out["cublaslt"] > 0

@@ -109,8 +109,11 @@ class IOBinding:
         self._results = []
 
     def synchronize_outputs(self) -> None:
-        for ep in self._session._eps:
-            ep.sync()
+        """Nothing is left to wait for: every run ends by synchronising its streams (as
+        onnxruntime's runs do by default), so the outputs are complete when
+        ``run_with_iobinding`` returns. onnxruntime synchronises the whole device here;
+        onnxplug does not, so this never waits for other threads' runs nor interrupts their
+        CUDA graph captures."""
 
     def get_outputs(self) -> list[OrtValue]:
         return list(self._results)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.util
+import sys
 import threading
 import warnings
 from typing import Any
@@ -322,8 +324,7 @@ class LtGemm:
     kind = "cublaslt"
 
     def __init__(self, xp: Any, ordinal: int, use_tf32: bool):
-        NVMATH.wait()
-        from nvmath.bindings import cublas, cublasLt
+        cublasLt, cublas = NVMATH.modules()
 
         self.xp = xp
         self.L = cublasLt
@@ -764,45 +765,82 @@ class LtGemm:
 class BackgroundImport:
     """Modules imported on a thread of their own, started early and joined where first used.
 
-    ``import nvmath.bindings.cublasLt`` costs 0.5 s on an H100 host (nvmath's package import
-    loads cuFFT, cuRAND, cuSOLVER, cuSPARSE and cuTENSOR and imports all of nvmath), and the
-    first Conv/MatMul kernel of a session needs it: started when the provider's GPU backend is
-    made, it runs beside the session's other set-up. ``wait`` re-raises what the import raised,
-    so that the caller sees the error it would have seen importing the modules itself."""
+    cuBLASLt's bindings are what LtGemm needs of nvmath-python, but ``import nvmath`` runs
+    nvmath's package ``__init__``, which loads cuFFT, cuRAND, cuSOLVER, cuSPARSE and cuTENSOR
+    and imports all of nvmath (0.5-0.8 s on an H100 host, measured in the cold-start profile);
+    the bindings' package ``__init__`` imports every other binding. So the modules are
+    imported without their packages' ``__init__`` (``import_skipping_package_inits``), on a
+    thread started when the provider's GPU backend is made, beside the session's other set-up.
+    ``modules`` re-raises what the import raised, so that the caller sees the error it would
+    have seen importing the modules itself."""
 
     def __init__(self, *modules: str):
-        self.modules = modules
+        self.names = modules
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._modules: tuple[Any, ...] = ()
 
     def start(self) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._run, name=f"onnxplug-import-{self.modules[0]}", daemon=True
+                    target=self._run, name=f"onnxplug-import-{self.names[0]}", daemon=True
                 )
                 self._thread.start()
 
     def _run(self) -> None:
         try:
-            for name in self.modules:
-                importlib.import_module(name)
-        except BaseException as e:  # re-raised by wait(), in the thread that needs the modules
+            self._modules = tuple(import_skipping_package_inits(n) for n in self.names)
+        except BaseException as e:  # re-raised by modules(), in the thread that needs them
             self._error = e
 
-    def wait(self) -> None:
-        """Block until the background import is done (at once when it never started) and
-        re-raise its error."""
-        thread = self._thread
-        if thread is not None:
-            thread.join()
-            if self._error is not None:
-                raise self._error
+    def modules(self) -> tuple[Any, ...]:
+        """The imported modules, in the order named (imported now if the background import
+        never started); re-raises the import's error."""
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._modules
 
 
-# cuBLASLt's bindings (and cuBLAS's enums), what LtGemm needs
+def import_skipping_package_inits(name: str) -> Any:
+    """Import module ``name`` without running the ``__init__`` of the packages above it that
+    are not imported yet: they stand in ``sys.modules`` as bare package objects (their
+    ``__path__`` only) while the module imports, and are removed afterwards, so that a later
+    ``import`` of a package runs its ``__init__`` as usual (and finds the module imported).
+    Use the returned module (or ``importlib.import_module(name)``), not ``from package import
+    module``, which would import the package."""
+    parts = name.split(".")
+    stubs: list[tuple[str, Any]] = []
+    try:
+        for i in range(1, len(parts)):
+            package = ".".join(parts[:i])
+            if package in sys.modules:
+                continue
+            spec = importlib.util.find_spec(package)
+            if spec is None or spec.submodule_search_locations is None:
+                raise ModuleNotFoundError(f"No module named {package!r}", name=package)
+            stub = importlib.util.module_from_spec(spec)
+            sys.modules[package] = stub
+            stubs.append((package, stub))
+        return importlib.import_module(name)
+    finally:
+        for package, stub in reversed(stubs):
+            if sys.modules.get(package) is stub:
+                del sys.modules[package]
+
+
+# cuBLASLt's bindings (and cuBLAS's enums), what LtGemm and the streams' handles need
 NVMATH = BackgroundImport("nvmath.bindings.cublasLt", "nvmath.bindings.cublas")
+
+
+def cublaslt() -> Any:
+    """nvmath's cuBLASLt bindings module."""
+    return NVMATH.modules()[0]
+
 
 _engines: dict[tuple, Any] = {}
 _engines_lock = threading.Lock()

@@ -141,10 +141,9 @@ class CudaEpFactory(EpFactory):
         return DeviceGuard(ordinal)
 
     def synchronize(self, ordinal: int) -> None:
-        from .runtime import check, cudart
+        from .runtime import device_synchronize
 
-        with self.device_guard(ordinal):
-            check(cudart().cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        device_synchronize(ordinal)
 
     # allocators and transfers -------------------------------------------------------------------
     def create_allocator(

@@ -18,7 +18,7 @@ from typing import Any
 
 from onnxplug.ep import Allocator, BFCArena, CountingAllocator, MemoryInfo, counters
 
-from .runtime import CAPTURING, DeviceGuard, check, cudart, defer_free
+from .runtime import CAPTURING, DeviceGuard, check, cudart, defer_free, device_synchronize
 
 _UINT64_MAX = (1 << 64) - 1
 _INT64_MAX = (1 << 63) - 1
@@ -89,8 +89,7 @@ class CudaDeviceArena(BFCArena):
         self.ordinal = raw.ordinal
 
     def shrink(self) -> None:
-        with DeviceGuard(self.ordinal):
-            check(cudart().cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        device_synchronize(self.ordinal)
         super().shrink()
 
 
@@ -216,10 +215,8 @@ class CudaMempoolAllocator(Allocator):
             rec = self._live.get(ptr)
             if rec is None:
                 return
-            if rec[1] in CAPTURING:
-                # its stream records a graph: a free now would become part of it
-                defer_free(self, ptr)
-                return
+            if rec[1] in CAPTURING and defer_free(self, ptr, rec[1]):
+                return  # its stream records a graph: a free now would become part of it
             del self._live[ptr]
             self._stats["InUse"] -= rec[0]
             destroy = self._closed and not self._live
@@ -257,8 +254,8 @@ class CudaMempoolAllocator(Allocator):
         return out
 
     def shrink(self) -> None:
+        device_synchronize(self.ordinal)
         with DeviceGuard(self.ordinal):
-            check(cudart().cudaDeviceSynchronize(), "cudaDeviceSynchronize")
             check(
                 cudart().cudaMemPoolTrimTo(self.pool, self.bytes_to_keep_on_shrink),
                 "cudaMemPoolTrimTo",
@@ -279,8 +276,8 @@ class CudaMempoolAllocator(Allocator):
 
     def _destroy(self) -> None:
         rt = cudart()
+        device_synchronize(self.ordinal)
         with DeviceGuard(self.ordinal):
-            rt.cudaDeviceSynchronize()
             rt.cudaMemPoolTrimTo(self.pool, 0)
             rt.cudaMemPoolDestroy(self.pool)
 

@@ -14,21 +14,64 @@ from onnxplug.ep import EPFail
 # Streams capturing a graph right now (handles). A block freed on such a stream is freed after
 # the capture ends, so that its free is not recorded into the graph.
 CAPTURING: set[int] = set()
-_DEFERRED: list[tuple[Any, int]] = []  # (allocator, ptr) freed while their stream captured
+_DEFERRED: list[tuple[Any, int, int]] = []  # (allocator, ptr, stream) freed while it captured
+# Guards CAPTURING and _DEFERRED; device-wide synchronisations wait on it until no stream
+# captures (``device_synchronize``).
+_CAPTURE_STATE = threading.Condition()
+_device_syncs = 0  # device-wide synchronisations waiting or running (captures wait for them)
 
 
-def defer_free(allocator: Any, ptr: int) -> None:
-    _DEFERRED.append((allocator, ptr))
+def defer_free(allocator: Any, ptr: int, stream: int) -> bool:
+    """Hold the free of ``ptr`` until ``stream`` stops capturing (False: it does not capture
+    now; free it at once)."""
+    with _CAPTURE_STATE:
+        if stream not in CAPTURING:
+            return False
+        _DEFERRED.append((allocator, ptr, stream))
+        return True
 
 
-def release_deferred() -> None:
-    """Free what was deferred, unless its stream still captures."""
-    if not _DEFERRED:
-        return
-    items = list(_DEFERRED)
-    _DEFERRED.clear()
-    for allocator, ptr in items:
+def capture_started(stream: int) -> None:
+    """Called before ``stream`` begins capturing: waits while a device-wide synchronisation
+    runs (it would invalidate the capture)."""
+    with _CAPTURE_STATE:
+        _CAPTURE_STATE.wait_for(lambda: not _device_syncs)
+        CAPTURING.add(stream)
+
+
+def capture_stopped(stream: int) -> None:
+    """``stream`` no longer captures: free what was deferred on it, and let waiting device
+    synchronisations run once no stream captures."""
+    with _CAPTURE_STATE:
+        CAPTURING.discard(stream)
+        ready = [d for d in _DEFERRED if d[2] not in CAPTURING]
+        _DEFERRED[:] = [d for d in _DEFERRED if d[2] in CAPTURING]
+        if not CAPTURING:
+            _CAPTURE_STATE.notify_all()
+    for allocator, ptr, _ in ready:
         allocator.free(ptr)
+
+
+def device_synchronize(ordinal: int) -> None:
+    """``cudaDeviceSynchronize`` on device ``ordinal``, once no stream of this process captures
+    a graph: during a capture it fails and invalidates that capture, whatever the capture
+    mode, so that one thread's IOBinding synchronisation or arena shrinkage would break another
+    thread's graph capture. Captures about to begin wait for it."""
+    global _device_syncs
+    with _CAPTURE_STATE:
+        _device_syncs += 1
+        try:
+            _CAPTURE_STATE.wait_for(lambda: not CAPTURING)
+        except BaseException:
+            _device_syncs -= 1
+            raise
+    try:
+        with DeviceGuard(ordinal):
+            check(cudart().cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+    finally:
+        with _CAPTURE_STATE:
+            _device_syncs -= 1
+            _CAPTURE_STATE.notify_all()
 
 
 @functools.cache

@@ -15,13 +15,13 @@ from onnxplug.ep import (
 )
 
 from .runtime import (
-    CAPTURING,
     CudaError,
     DeviceGuard,
+    capture_started,
+    capture_stopped,
     check,
     cudart,
     cupy_runtime,
-    release_deferred,
 )
 
 
@@ -157,10 +157,10 @@ class CudaSyncStream(SyncStream):
     @property
     def cublaslt(self) -> Any:
         if self._cublaslt is None:
-            from nvmath.bindings import cublasLt
+            from .blas import cublaslt
 
             with DeviceGuard(self.ordinal):
-                self._cublaslt = cublasLt.create()
+                self._cublaslt = cublaslt().create()
         return self._cublaslt
 
     @property
@@ -238,15 +238,19 @@ class CudaSyncStream(SyncStream):
     # graph capture ----------------------------------------------------------------------------
     def begin_capture(self) -> None:
         rt = cudart()
-        with DeviceGuard(self.ordinal):
-            check(
-                rt.cudaStreamBeginCapture(
-                    self._handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-                ),
-                "cudaStreamBeginCapture",
-            )
+        capture_started(self._handle)
+        try:
+            with DeviceGuard(self.ordinal):
+                check(
+                    rt.cudaStreamBeginCapture(
+                        self._handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+                    ),
+                    "cudaStreamBeginCapture",
+                )
+        except BaseException:
+            capture_stopped(self._handle)
+            raise
         self.capturing = True
-        CAPTURING.add(self._handle)
 
     def end_capture(self) -> Any:
         """Stop capturing; the instantiated (and uploaded) graph."""
@@ -287,8 +291,7 @@ class CudaSyncStream(SyncStream):
 
     def _stop_capture(self) -> None:
         self.capturing = False
-        CAPTURING.discard(self._handle)
-        release_deferred()
+        capture_stopped(self._handle)
 
     def close(self) -> None:
         if self.closed:
@@ -307,9 +310,9 @@ class CudaSyncStream(SyncStream):
 
     def _destroy_handles(self) -> None:
         if self._cublaslt is not None:
-            from nvmath.bindings import cublasLt
+            from .blas import cublaslt
 
-            cublasLt.destroy(self._cublaslt)
+            cublaslt().destroy(self._cublaslt)
             self._cublaslt = None
         if self._cudnn is not None:
             try:

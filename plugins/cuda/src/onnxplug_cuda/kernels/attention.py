@@ -4,18 +4,25 @@
 The generic path, for every float type: the heads are laid out as (B, N, S, H) (one copy per
 operand; Attention first projects ``input @ weights + bias`` in one cuBLASLt GEMM with a bias
 epilogue; at batch 1 the prepared form reads the heads in place from the projection and writes
-the context in place into the output instead, through strided GEMMs: no copies), ``scale * Q @ K^T`` is one strided-batched cuBLASLt GEMM over the B*N heads into a
-(B, N, S, T) scores buffer, one row kernel adds the attention bias and the masks (bias read
-through broadcast strides, ``mask_filter_value`` at masked positions), takes the softmax in
-float32 (float64 for float64) and zeroes NaN probabilities when ``zero_nan_probabilities`` is
-set, then ``P @ V`` is a second strided-batched GEMM, transposed into the (B, S, N*Hv) output.
+the context in place into the output instead, through strided GEMMs: no copies),
+``scale * Q @ K^T`` is one strided-batched cuBLASLt GEMM over the B*N heads into a (B, N, S, T)
+scores buffer, one row kernel adds the attention bias and the masks (bias read through
+broadcast strides, ``mask_filter_value`` at masked positions), takes the softmax in float32
+(float64 for float64) and zeroes NaN probabilities when ``zero_nan_probabilities`` is set,
+then ``P @ V`` is a second strided-batched GEMM, transposed into the (B, S, N*Hv) output.
 Under the host simulation the GEMM engine's numpy path and the row kernel's numpy twin run.
 
+float32 Attention (prepared, no past, heads of at most 64) runs one fused kernel after the
+projection instead (``FUSED_ATTENTION``): it reads Q/K/V in place from the projection, keeps
+the scores on chip (online softmax over key tiles, in float32 FMA, no TF32) and writes the
+context in place, at any batch; the mask's additive term is made as for the generic path.
+
 float16 Attention (prepared, no past; a mask or an attention bias; ``sdpa_kernel`` 0 or with
-the FLASH_ATTENTION or CUDNN_FLASH_ATTENTION bit) runs cuDNN's fused attention instead (``dnn.SdpaSpec``: flash attention through the frontend's SDPA
-graph), reading Q/K/V in place from the projection and writing the context in place; with the
-projection and the mask's additive term it is captured as one CUDA graph of the node. Other
-cases, float32 and float64 (cuDNN has no fused attention for them) take the generic path.
+the FLASH_ATTENTION or CUDNN_FLASH_ATTENTION bit) runs cuDNN's fused attention instead
+(``dnn.SdpaSpec``: flash attention through the frontend's SDPA graph), reading Q/K/V in place
+from the projection and writing the context in place; with the projection and the mask's
+additive term it is captured as one CUDA graph of the node. Other cases, and float64, take
+the generic path.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, attention, dt
 
 from .. import blas, dnn
 from ..launch import bound_calls, function_launch
+from ..runtime import probe_devices
 from . import _fused as F
 from ._base import BF16, CudaKernel, node_graph
 
@@ -142,6 +150,160 @@ extern "C" __global__ void oxa_softmax_w32_{k}({S}* x, const {W}* bias, long lon
   oxa_softmax_warp<{Tr}, 32>(x, bias, b0, b1, b2, b3, heads, S, T, rows, causal, filter, zero_nan);
 }}
 """
+_FUSED_SRC = r"""
+// Fused float32 attention: one block per (batch x head, tile of QT queries); the keys and
+// values pass through shared memory in tiles of 32, with an online softmax (running row max
+// and sum), so the (S, T) scores never reach global memory. Q, K, V and the output are read
+// and written in place through (batch, sequence, head) element strides, the head dim being
+// contiguous, H and Hv <= 64. The score of query s and key t is
+//   x = scale * q.k + add[b*a0 + n*a1 + s*a2 + t*a3] (+ filter when causal and t > s + T - S),
+// the masked softmax's (oxa_softmax) arithmetic in float32. A row whose softmax is undefined
+// (a NaN or infinite score: NaN probabilities in the unfused kernel) is 0 when zero_nan is
+// set, NaN otherwise. Thread (r, c) of the block (QT/2 x 8 threads) owns query rows 2r, 2r+1
+// and the key / value columns c, c+8, ...
+#define OXA_KT 32
+#define OXA_HD 64
+template <int QT>
+__device__ void oxa_fused_f32(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ o, long long qb, long long qs, long long qn, long long kb, long long ks,
+    long long kn, long long vb, long long vs, long long vn, long long ob, long long os,
+    long long on, const float* __restrict__ add, long long a0, long long a1, long long a2,
+    long long a3, int heads, int S, int T, int H, int HV, float scale, int causal, float filter,
+    int zero_nan) {
+  __shared__ float sq[QT][OXA_HD + 1];
+  __shared__ float sk[OXA_KT][OXA_HD + 1];
+  __shared__ float sv[OXA_KT][OXA_HD];
+  __shared__ float sp[QT][OXA_KT + 1];
+  constexpr int NT = QT * 4;
+  const int tid = threadIdx.x, r0 = (tid >> 3) * 2, c = tid & 7;
+  const int b = blockIdx.y / heads, n = blockIdx.y % heads, s0 = blockIdx.x * QT;
+  q += b * qb + n * qn;
+  k += b * kb + n * kn;
+  v += b * vb + n * vn;
+  o += b * ob + n * on;
+  const float NEG_INF = __uint_as_float(0xff800000u);
+  for (int i = tid; i < QT * OXA_HD; i += NT) {
+    const int r = i / OXA_HD, h = i % OXA_HD;
+    sq[r][h] = (s0 + r < S && h < H) ? q[(long long)(s0 + r) * qs + h] : 0.f;
+  }
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, acc[2][OXA_HD / 8];
+  bool bad[2] = {false, false};
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < OXA_HD / 8; ++j) acc[i][j] = 0.f;
+  for (int t0 = 0; t0 < T; t0 += OXA_KT) {
+    __syncthreads();  // the previous tile's readers are done with sk, sv, sp
+    for (int i = tid; i < OXA_KT * OXA_HD; i += NT) {
+      const int j = i / OXA_HD, h = i % OXA_HD;
+      const bool in = t0 + j < T;
+      sk[j][h] = (in && h < H) ? k[(long long)(t0 + j) * ks + h] : 0.f;
+      sv[j][h] = (in && h < HV) ? v[(long long)(t0 + j) * vs + h] : 0.f;
+    }
+    __syncthreads();
+    float x[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[i][j] = 0.f;
+    for (int h = 0; h < H; ++h) {
+      const float qa = sq[r0][h], qb2 = sq[r0 + 1][h];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float kv = sk[c + 8 * j][h];
+        x[0][j] = fmaf(qa, kv, x[0][j]);
+        x[1][j] = fmaf(qb2, kv, x[1][j]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int s = s0 + r0 + i;
+      float tile_max = NEG_INF;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int t = t0 + c + 8 * j;
+        float u = NEG_INF;  // past the keys: no weight
+        if (t < T && s < S) {
+          u = x[i][j] * scale;
+          if (add) u += add[b * a0 + n * a1 + s * a2 + t * a3];
+          if (causal && t > s + (T - S)) u += filter;
+          if (isnan(u)) bad[i] = true;
+          tile_max = u > tile_max ? u : tile_max;
+        }
+        x[i][j] = u;
+      }
+#pragma unroll
+      for (int d = 4; d > 0; d >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, tile_max, d);
+        tile_max = w > tile_max ? w : tile_max;
+      }
+      const float mn = tile_max > m[i] ? tile_max : m[i];
+      const bool finite = isfinite(mn);
+      const float factor = (m[i] == NEG_INF || !finite) ? 0.f : expf(m[i] - mn);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p = finite ? expf(x[i][j] - mn) : 0.f;
+        sp[r0 + i][c + 8 * j] = p;
+        sum += p;
+      }
+#pragma unroll
+      for (int d = 4; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+      if (mn == __uint_as_float(0x7f800000u)) bad[i] = true;  // +inf: inf - inf in the row
+      l[i] = l[i] * factor + sum;
+      m[i] = mn;
+#pragma unroll
+      for (int j = 0; j < OXA_HD / 8; ++j) acc[i][j] *= factor;
+    }
+    __syncthreads();
+    const int kt = min(OXA_KT, T - t0);
+    for (int j = 0; j < kt; ++j) {
+      const float p0 = sp[r0][j], p1 = sp[r0 + 1][j];
+#pragma unroll
+      for (int e = 0; e < OXA_HD / 8; ++e) {
+        const float vv = sv[j][c + 8 * e];
+        acc[0][e] = fmaf(p0, vv, acc[0][e]);
+        acc[1][e] = fmaf(p1, vv, acc[1][e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int s = s0 + r0 + i;
+    if (s >= S) continue;
+    // every key masked to -inf (no finite maximum) is a NaN row in the unfused kernel
+    // (no keys: a zero row, as the unfused P @ V over none)
+    const bool undefined = T > 0 && (bad[i] || m[i] == NEG_INF);
+    const float inv = T > 0 ? 1.f / l[i] : 0.f;
+#pragma unroll
+    for (int e = 0; e < OXA_HD / 8; ++e) {
+      const int col = c + 8 * e;
+      if (col < HV)
+        o[(long long)s * os + col] =
+            undefined ? (zero_nan ? 0.f : __uint_as_float(0x7fc00000u)) : acc[i][e] * inv;
+    }
+  }
+}
+"""
+_FUSED_ENTRY = r"""
+extern "C" __global__ void __launch_bounds__({nt}) oxa_fused_f32_q{qt}(
+    const float* q, const float* k, const float* v, float* o, long long qb, long long qs,
+    long long qn, long long kb, long long ks, long long kn, long long vb, long long vs,
+    long long vn, long long ob, long long os, long long on, const float* add, long long a0,
+    long long a1, long long a2, long long a3, int heads, int S, int T, int H, int HV,
+    float scale, int causal, float filter, int zero_nan) {{
+  oxa_fused_f32<{qt}>(q, k, v, o, qb, qs, qn, kb, ks, kn, vb, vs, vn, ob, os, on, add, a0, a1,
+                      a2, a3, heads, S, T, H, HV, scale, causal, filter, zero_nan);
+}}
+"""
+FUSED_HEAD_MAX = 64  # head sizes (Q/K and V) the fused kernel takes
+stats = {"fused_f32": 0}  # Attention nodes prepared with the fused float32 kernel
+FUSED_ATTENTION = F._RowModule(
+    F.ROWS_SRC + _FUSED_SRC + "".join(_FUSED_ENTRY.format(qt=qt, nt=4 * qt) for qt in (16, 32))
+)
+
+
 _WARP_ROWS = 4  # rows (warps) per block of the warp-per-row softmax
 
 
@@ -401,10 +563,16 @@ class Attention(_AttentionBase):
             if fused is not None:
                 work = bound_calls([proj, *fused])
                 return node_graph(self, ctx, work) or work
-        scores = buf(shape, st)
         add = make = None
         if add_src is not None:
             add, make = add_src(buf, sh)
+        mask = [make] if make is not None else []  # None: the additive term needs no kernel
+        if self._fused_f32_applies(qkv, (b, n, s, h, hv)):
+            stats["fused_f32"] += 1
+            fused = self._fused_f32(qkv, y, add, (b, n, s, h, hv, dq, dk), scale, sh)
+            calls = [proj, *mask, fused]
+            return None if proj is None else bound_calls(calls)
+        scores = buf(shape, st)
         softmax = self._softmax_call(scores, add, dt, sh)
         heads = None
         if b == 1:
@@ -412,11 +580,59 @@ class Attention(_AttentionBase):
         if heads is None:
             heads = self._heads_copied(ctx, qkv, scores, y, buf, (b, n, s, h, hv), scale, dt)
         gemm_qk, gemm_pv, copies_in, copies_out = heads
-        mask = [make] if make is not None else []  # None: the additive term needs no kernel
         calls = [proj, *copies_in, *mask, gemm_qk, softmax, gemm_pv, *copies_out]
         if any(c is None for c in calls):
             return None
         return bound_calls(calls)
+
+    def _fused_f32_applies(self, qkv: Any, dims: tuple) -> bool:
+        """float32 on the GPU with heads of at most 64: the fused kernel (``FUSED_ATTENTION``)
+        instead of two GEMMs around the masked softmax and, beyond batch 1, four copies."""
+        b, n, s, h, hv = dims
+        return (
+            self.xp is not np
+            and qkv.dtype == np.float32
+            and 0 < h <= FUSED_HEAD_MAX
+            and hv <= FUSED_HEAD_MAX
+            and s > 0
+            and b * n <= 65535  # the grid's y dim
+        )
+
+    def _fused_f32(self, qkv: Any, y: Any, add: Any, dims: tuple, scale: float, sh: int) -> Any:
+        """The fused float32 attention over the packed projection ``qkv`` (B*S, Q|K|V), read
+        in place, into the (B, S, N*Hv) output ``y``; ``add``: the additive term (attention
+        bias and mask), broadcastable to (B, N, S, S), or None."""
+        b, n, s, h, hv, dq, dk = dims
+        total, isz = qkv.shape[1], qkv.dtype.itemsize
+        base = int(qkv.data.ptr)
+        strides = [0, 0, 0, 0]
+        if add is not None:
+            a4 = add.reshape((1,) * (4 - add.ndim) + add.shape)
+            strides = [0 if d == 1 else st // a4.itemsize for d, st in zip(a4.shape, a4.strides)]
+        # a grid of at least two blocks per SM where the batch allows: smaller query tiles
+        qt = 16 if -(-s // 32) * b * n < 2 * _multiprocessors(self.ep.ordinal) else 32
+        i64 = np.int64
+        args = (
+            np.uint64(base),
+            np.uint64(base + dq * isz),
+            np.uint64(base + (dq + dk) * isz),
+            y,
+            *(i64(v) for v in (s * total, total, h, s * total, total, h, s * total, total, hv)),
+            *(i64(v) for v in (s * n * hv, n * hv, hv)),
+            _NULL if add is None else add,
+            *(i64(v) for v in strides),
+            np.int32(n),
+            np.int32(s),
+            np.int32(s),
+            np.int32(h),
+            np.int32(hv),
+            np.float32(scale),
+            np.int32(self.causal),
+            np.float32(self.mask_filter),
+            np.int32(self.zero_nan),
+        )
+        fn = FUSED_ATTENTION.function(self.xp, f"oxa_fused_f32_q{qt}")
+        return function_launch(fn, (-(-s // qt), b * n), (4 * qt,), args, sh)
 
     def _fused_sdpa(
         self,
@@ -598,6 +814,12 @@ class Attention(_AttentionBase):
         )
         fn = SOFTMAX_ROWS.function(xp, "oxa_softmax_" + name + F.storage_key(dt))
         return function_launch(fn, grid, block, args, sh)
+
+
+def _multiprocessors(ordinal: int) -> int:
+    """The SMs of CUDA device ``ordinal`` (132 on an H100)."""
+    devices, _ = probe_devices()
+    return next((d.multiprocessors for d in devices if d.ordinal == ordinal), 132)
 
 
 _UNSUPPORTED = object()

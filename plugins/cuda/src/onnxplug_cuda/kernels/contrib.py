@@ -223,6 +223,93 @@ __device__ void oxc_skip_ln(const typename Tr::S* __restrict__ x, const typename
 }
 """
 
+_SKIP_LN_VEC_SRC = r"""
+// The row held in registers: each thread moves VEC elements (16 bytes) per load and store, NV
+// vectors per thread (a block of ceil(cols / VEC / NV) threads, rounded up to a warp), so the
+// row is read once and written once (the kernel above reads y back twice). The same
+// arithmetic: the sum rounded to the tensor type, its mean, the mean of squared deviations.
+template <class S, int VEC> struct alignas(16) OxcVec { S e[VEC]; };
+template <class Tr, int VEC, int NV>
+__device__ void oxc_skip_ln_vec(const typename Tr::S* __restrict__ x, const typename Tr::S* __restrict__ skip,
+                                const typename Tr::S* __restrict__ gamma, const typename Tr::S* __restrict__ beta,
+                                const typename Tr::S* __restrict__ bias, typename Tr::S* __restrict__ y,
+                                typename Tr::S* __restrict__ sum_out, float* __restrict__ mean_out,
+                                float* __restrict__ rstd_out, long long cols, long long skip_rows, double eps) {
+  typedef typename Tr::W W;
+  typedef typename Tr::S S;
+  typedef OxcVec<S, VEC> V;
+  __shared__ W sh[32];
+  const long long row = blockIdx.x, nvec = cols / VEC;
+  const V* xr = reinterpret_cast<const V*>(x + row * cols);
+  const V* sr = reinterpret_cast<const V*>(skip + (row % skip_rows) * cols);
+  W v[NV][VEC];
+  W acc = W(0);
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const long long j = threadIdx.x + (long long)i * blockDim.x;
+    if (j < nvec) {
+      const V a = xr[j], b = sr[j];
+      V c;
+      if (bias) c = reinterpret_cast<const V*>(bias)[j];
+      V q;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        W t = Tr::ld(a.e[e]) + Tr::ld(b.e[e]);
+        if (bias) t += Tr::ld(c.e[e]);
+        q.e[e] = Tr::st(t);  // the sum in the tensor type: what input_skip_bias_sum holds
+        v[i][e] = Tr::ld(q.e[e]);
+        acc += v[i][e];
+      }
+      if (sum_out) reinterpret_cast<V*>(sum_out + row * cols)[j] = q;
+    }
+  }
+  const W mean = ox_block_sum(acc, sh) / W(cols);
+  W dev = W(0);
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    if (threadIdx.x + (long long)i * blockDim.x < nvec) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const W d = v[i][e] - mean;
+        dev += d * d;
+      }
+    }
+  }
+  const W rstd = W(1) / sqrt(ox_block_sum(dev, sh) / W(cols) + W(eps));
+  if (threadIdx.x == 0) {
+    if (mean_out) mean_out[row] = (float)mean;
+    if (rstd_out) rstd_out[row] = (float)rstd;
+  }
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const long long j = threadIdx.x + (long long)i * blockDim.x;
+    if (j < nvec) {
+      const V g = reinterpret_cast<const V*>(gamma)[j];
+      V bt;
+      if (beta) bt = reinterpret_cast<const V*>(beta)[j];
+      V o;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        W t = (v[i][e] - mean) * rstd * Tr::ld(g.e[e]);
+        if (beta) t += Tr::ld(bt.e[e]);
+        o.e[e] = Tr::st(t);
+      }
+      reinterpret_cast<V*>(y + row * cols)[j] = o;
+    }
+  }
+}
+"""
+_SKIP_LN_VEC_ENTRY = r"""
+extern "C" __global__ void oxc_skip_ln_v{nv}_{k}(const {S}* x, const {S}* skip,
+    const {S}* gamma, const {S}* beta, const {S}* bias, {S}* y, {S}* sum_out, float* mean_out,
+    float* rstd_out, long long cols, long long skip_rows, double eps) {{
+  oxc_skip_ln_vec<{Tr}, {vec}, {nv}>(x, skip, gamma, beta, bias, y, sum_out, mean_out, rstd_out,
+                                   cols, skip_rows, eps);
+}}
+"""
+_SKIP_LN_NV = (1, 2, 4)  # vectors per thread of the register-resident kernel
+_ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2}
+
 _SKIP_LN_ENTRY = r"""
 extern "C" __global__ void oxc_skip_ln_{k}(const {S}* x, const {S}* skip, const {S}* gamma,
     const {S}* beta, const {S}* bias, {S}* y, {S}* sum_out, float* mean_out, float* rstd_out,
@@ -233,9 +320,29 @@ extern "C" __global__ void oxc_skip_ln_{k}(const {S}* x, const {S}* skip, const 
 SKIP_LN_MODULE_SRC = (
     F.ROWS_SRC
     + _SKIP_LN_SRC
+    + _SKIP_LN_VEC_SRC
     + "".join(_SKIP_LN_ENTRY.format(k=k, Tr=tr, S=c) for k, (tr, c) in F.ROW_TYPES.items())
+    + "".join(
+        _SKIP_LN_VEC_ENTRY.format(k=k, Tr=tr, S=c, vec=16 // _ITEMSIZE[k], nv=nv)
+        for k, (tr, c) in F.ROW_TYPES.items()
+        for nv in _SKIP_LN_NV
+    )
 )
 SKIP_LN_ROWS = F._RowModule(SKIP_LN_MODULE_SRC)
+
+
+def skip_ln_kernel(key: str, cols: int, operands: tuple) -> tuple[str, int]:
+    """(function, threads per block) of the SkipLayerNormalization row kernel for storage type
+    ``key``: the register-resident one where a row splits into 16-byte vectors and every
+    operand (arrays or None) is 16-byte aligned, the block loop otherwise."""
+    vec = 16 // _ITEMSIZE[key]
+    if cols % vec == 0 and all(a is None or int(a.data.ptr) % 16 == 0 for a in operands):
+        nvec = cols // vec
+        for nv in _SKIP_LN_NV:
+            threads = -(-nvec // nv)
+            if threads <= 512 or (nv == _SKIP_LN_NV[-1] and threads <= 1024):
+                return f"oxc_skip_ln_v{nv}_{key}", -(-threads // 32) * 32
+    return "oxc_skip_ln_" + key, F.block_size(cols)
 
 
 def _skip_ln_np(x, skip, gamma, beta, bias, y, sum_out, mean_out, rstd_out, eps) -> None:
@@ -310,10 +417,13 @@ class SkipLayerNormalization(_Typed):
                 None if rstd is None else rstd.reshape(rows), self.eps,
             )  # fmt: skip
             return
-        fn = SKIP_LN_ROWS.function(xp, "oxc_skip_ln_" + F.storage_key(dt))
+        name, threads = skip_ln_kernel(
+            F.storage_key(dt), cols, (x, skip, gamma, beta, bias, y, total)
+        )
+        fn = SKIP_LN_ROWS.function(xp, name)
         fn(
             (rows,),
-            (F.block_size(cols),),
+            (threads,),
             (
                 x, skip, gamma,
                 _NULL if beta is None else beta, _NULL if bias is None else bias,
@@ -348,11 +458,14 @@ class SkipLayerNormalization(_Typed):
                 None if rstd is None else rstd.reshape(rows), self.eps,
             )  # fmt: skip
             return lambda: _skip_ln_np(*args)
-        fn = SKIP_LN_ROWS.function(xp, "oxc_skip_ln_" + F.storage_key(dt))
+        name, threads = skip_ln_kernel(
+            F.storage_key(dt), cols, (x, skip, gamma, beta, bias, y, total)
+        )
+        fn = SKIP_LN_ROWS.function(xp, name)
         return function_launch(
             fn,
             (rows,),
-            (F.block_size(cols),),
+            (threads,),
             (
                 x, skip, gamma, beta, bias, y, total, mean, rstd,
                 np.int64(cols), np.int64(skip_rows), np.float64(self.eps),

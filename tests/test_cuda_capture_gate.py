@@ -1,0 +1,110 @@
+"""The CUDA plugin's capture gate (onnxplug_cuda.runtime): a device-wide synchronisation never
+runs while a stream of the process captures a graph (it would fail and invalidate the
+capture), a capture never begins while one runs, and a block freed on a capturing stream is
+freed when that stream, not another, stops capturing. The CUDA runtime is replaced by a
+recorder, so this runs without a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from onnxplug_cuda import runtime
+
+
+class _Runtime:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, frozenset[int]]] = []
+
+    def cudaDeviceSynchronize(self) -> tuple[int]:
+        # what was capturing when the synchronisation ran (it must be nothing)
+        self.calls.append(("sync", frozenset(runtime.CAPTURING)))
+        return (0,)
+
+
+@pytest.fixture
+def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> _Runtime:
+    rt = _Runtime()
+    monkeypatch.setattr(runtime, "cudart", lambda: rt)
+    monkeypatch.setattr(runtime, "DeviceGuard", lambda ordinal: contextlib.nullcontext())
+    yield rt
+    assert not runtime.CAPTURING and not runtime._DEFERRED and not runtime._device_syncs
+
+
+def _started(fn: Any) -> threading.Thread:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_device_sync_waits_for_the_capture_to_end(fake_runtime: _Runtime) -> None:
+    runtime.capture_started(11)
+    t = _started(lambda: runtime.device_synchronize(0))
+    time.sleep(0.05)
+    assert fake_runtime.calls == [] and t.is_alive()  # held back while stream 11 captures
+    runtime.capture_stopped(11)
+    t.join(5)
+    assert not t.is_alive()
+    assert fake_runtime.calls == [("sync", frozenset())]
+
+
+def test_a_capture_waits_for_a_running_device_sync(
+    fake_runtime: _Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_sync() -> tuple[int]:
+        entered.set()
+        release.wait(5)
+        return (0,)
+
+    monkeypatch.setattr(fake_runtime, "cudaDeviceSynchronize", slow_sync)
+    sync = _started(lambda: runtime.device_synchronize(0))
+    assert entered.wait(5)
+    capture = _started(lambda: runtime.capture_started(7))
+    time.sleep(0.05)
+    assert 7 not in runtime.CAPTURING and capture.is_alive()
+    release.set()
+    sync.join(5)
+    capture.join(5)
+    assert runtime.CAPTURING == {7}
+    runtime.capture_stopped(7)
+
+
+def test_a_failed_device_sync_lets_captures_begin_again(
+    fake_runtime: _Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fake_runtime, "cudaDeviceSynchronize", lambda: (999,))
+    monkeypatch.setattr(runtime, "check", _raise)
+    with pytest.raises(runtime.CudaError, match="cudaDeviceSynchronize"):
+        runtime.device_synchronize(0)
+    runtime.capture_started(3)  # would block forever if the failed sync were still counted
+    runtime.capture_stopped(3)
+
+
+def _raise(result: Any, what: str) -> Any:
+    if result[0]:
+        raise runtime.CudaError(f"{what} failed")
+    return result[1:] if len(result) > 1 else None
+
+
+def test_deferred_frees_wait_for_their_own_stream(fake_runtime: _Runtime) -> None:
+    freed: list[int] = []
+
+    class Allocator:
+        def free(self, ptr: int) -> None:
+            freed.append(ptr)
+
+    a = Allocator()
+    runtime.capture_started(1)
+    runtime.capture_started(2)
+    assert runtime.defer_free(a, 100, 1) and runtime.defer_free(a, 200, 2)
+    assert not runtime.defer_free(a, 300, 3)  # stream 3 does not capture: free it now
+    runtime.capture_stopped(1)
+    assert freed == [100]  # stream 2 still captures: its block waits
+    runtime.capture_stopped(2)
+    assert freed == [100, 200]
