@@ -281,3 +281,38 @@ def test_prepared_attention_reads_the_heads_in_place_at_batch_1(sim, monkeypatch
             np.testing.assert_allclose(sess.run(None, feeds)[0], ref, rtol=1e-5, atol=1e-5)
         copies[batch] = len(bound)
     assert copies[2] - copies[1] == 4  # the other nodes' copies are the same at both batches
+
+
+@pytest.mark.parametrize(
+    "mask,causal,filter_value",
+    [
+        ("2d", True, -1.0),  # a small filter: a position masked both ways shows (2 * filter)
+        ("3d", True, -1.0),
+        ("bias", True, -1.0),
+        ("2d", False, -1.0),
+        ("2d", True, None),
+    ],
+)
+def test_attention_node_masks_a_position_once(sim, mask, causal, filter_value):
+    """``unidirectional`` with a padding mask or an attention bias: a key masked both by the
+    causal mask and by the padding mask gets ``mask_filter_value`` once, as on the CPU provider
+    (the simulated CUDA kernels' unprepared run, then the prepared runs), at batch 1 and 3."""
+    from tests.attention_models import attention_node_model
+
+    for b in (1, 3):
+        s, d = 7, 16
+        model = attention_node_model(b, s, d, 2, mask, causal, np.float32, filter_value)
+        rng = np.random.default_rng(b)
+        feeds = {"x": rng.standard_normal((b, s, d)).astype(np.float32)}
+        if mask == "2d":
+            m = np.ones((b, s), np.int32)
+            m[-1, :3] = 0  # left padding: early queries see no unmasked key
+            feeds["mask"] = m
+        elif mask == "3d":
+            feeds["mask"] = (rng.random((b, s, s)) > 0.4).astype(np.int32)
+        else:
+            feeds["attn_bias"] = rng.standard_normal((b, 1, s, s)).astype(np.float32)
+        want = _session(model, [CPU]).run(None, feeds)[0]
+        sess = _session(model, [SIM, CPU])
+        for _ in range(3):  # the recording run, then the prepared calls
+            np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-5, atol=1e-6)

@@ -159,10 +159,12 @@ _FUSED_SRC = r"""
 //   x = scale * q.k + add[b*a0 + n*a1 + s*a2 + t*a3] (+ filter when causal and t > s + T - S),
 // the masked softmax's (oxa_softmax) arithmetic in float32. A row whose softmax is undefined
 // (a NaN or infinite score: NaN probabilities in the unfused kernel) is 0 when zero_nan is
-// set, NaN otherwise. Thread (r, c) of the block (QT/2 x 8 threads) owns query rows 2r, 2r+1
-// and the key / value columns c, c+8, ...
+// set, NaN otherwise. Thread (r, c) of the block (QT/2 x 8 threads) owns query rows 2r, 2r+1,
+// the keys c, c+8, c+16, c+24 of a tile and the value columns 4c..4c+3 and 32+4c..32+4c+3;
+// shared memory is read in float4s, without bank conflicts (rows padded to 68 floats).
 #define OXA_KT 32
 #define OXA_HD 64
+#define OXA_PAD 68
 template <int QT>
 __device__ void oxa_fused_f32(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
@@ -171,10 +173,10 @@ __device__ void oxa_fused_f32(
     long long on, const float* __restrict__ add, long long a0, long long a1, long long a2,
     long long a3, int heads, int S, int T, int H, int HV, float scale, int causal, float filter,
     int zero_nan) {
-  __shared__ float sq[QT][OXA_HD + 1];
-  __shared__ float sk[OXA_KT][OXA_HD + 1];
-  __shared__ float sv[OXA_KT][OXA_HD];
-  __shared__ float sp[QT][OXA_KT + 1];
+  __shared__ __align__(16) float sq[QT][OXA_PAD];
+  __shared__ __align__(16) float sk[OXA_KT][OXA_PAD];
+  __shared__ __align__(16) float sv[OXA_KT][OXA_HD];
+  __shared__ __align__(16) float sp[QT][OXA_KT + 4];
   constexpr int NT = QT * 4;
   const int tid = threadIdx.x, r0 = (tid >> 3) * 2, c = tid & 7;
   const int b = blockIdx.y / heads, n = blockIdx.y % heads, s0 = blockIdx.x * QT;
@@ -183,16 +185,17 @@ __device__ void oxa_fused_f32(
   v += b * vb + n * vn;
   o += b * ob + n * on;
   const float NEG_INF = __uint_as_float(0xff800000u);
+  const int H4 = (H + 3) & ~3;  // the dot products run over whole float4s (zeros past H)
   for (int i = tid; i < QT * OXA_HD; i += NT) {
     const int r = i / OXA_HD, h = i % OXA_HD;
     sq[r][h] = (s0 + r < S && h < H) ? q[(long long)(s0 + r) * qs + h] : 0.f;
   }
-  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, acc[2][OXA_HD / 8];
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, acc[2][8];
   bool bad[2] = {false, false};
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < OXA_HD / 8; ++j) acc[i][j] = 0.f;
+    for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
   for (int t0 = 0; t0 < T; t0 += OXA_KT) {
     __syncthreads();  // the previous tile's readers are done with sk, sv, sp
     for (int i = tid; i < OXA_KT * OXA_HD; i += NT) {
@@ -207,13 +210,20 @@ __device__ void oxa_fused_f32(
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) x[i][j] = 0.f;
-    for (int h = 0; h < H; ++h) {
-      const float qa = sq[r0][h], qb2 = sq[r0 + 1][h];
+    for (int h = 0; h < H4; h += 4) {
+      const float4 qa = *reinterpret_cast<const float4*>(&sq[r0][h]);
+      const float4 qc = *reinterpret_cast<const float4*>(&sq[r0 + 1][h]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float kv = sk[c + 8 * j][h];
-        x[0][j] = fmaf(qa, kv, x[0][j]);
-        x[1][j] = fmaf(qb2, kv, x[1][j]);
+        const float4 kv = *reinterpret_cast<const float4*>(&sk[c + 8 * j][h]);
+        x[0][j] = fmaf(qa.x, kv.x, x[0][j]);
+        x[0][j] = fmaf(qa.y, kv.y, x[0][j]);
+        x[0][j] = fmaf(qa.z, kv.z, x[0][j]);
+        x[0][j] = fmaf(qa.w, kv.w, x[0][j]);
+        x[1][j] = fmaf(qc.x, kv.x, x[1][j]);
+        x[1][j] = fmaf(qc.y, kv.y, x[1][j]);
+        x[1][j] = fmaf(qc.z, kv.z, x[1][j]);
+        x[1][j] = fmaf(qc.w, kv.w, x[1][j]);
       }
     }
 #pragma unroll
@@ -254,17 +264,25 @@ __device__ void oxa_fused_f32(
       l[i] = l[i] * factor + sum;
       m[i] = mn;
 #pragma unroll
-      for (int j = 0; j < OXA_HD / 8; ++j) acc[i][j] *= factor;
+      for (int e = 0; e < 8; ++e) acc[i][e] *= factor;
     }
     __syncthreads();
-    const int kt = min(OXA_KT, T - t0);
-    for (int j = 0; j < kt; ++j) {
-      const float p0 = sp[r0][j], p1 = sp[r0 + 1][j];
+    // keys past T have p = 0 and zero values: whole float4s of keys
+    const int kt4 = (min(OXA_KT, T - t0) + 3) & ~3;
+    for (int j = 0; j < kt4; j += 4) {
+      const float4 p0 = *reinterpret_cast<const float4*>(&sp[r0][j]);
+      const float4 p1 = *reinterpret_cast<const float4*>(&sp[r0 + 1][j]);
+      const float pa[4] = {p0.x, p0.y, p0.z, p0.w}, pb[4] = {p1.x, p1.y, p1.z, p1.w};
 #pragma unroll
-      for (int e = 0; e < OXA_HD / 8; ++e) {
-        const float vv = sv[j][c + 8 * e];
-        acc[0][e] = fmaf(p0, vv, acc[0][e]);
-        acc[1][e] = fmaf(p1, vv, acc[1][e]);
+      for (int jj = 0; jj < 4; ++jj) {
+        const float4 va = *reinterpret_cast<const float4*>(&sv[j + jj][4 * c]);
+        const float4 vc = *reinterpret_cast<const float4*>(&sv[j + jj][32 + 4 * c]);
+        const float w[8] = {va.x, va.y, va.z, va.w, vc.x, vc.y, vc.z, vc.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          acc[0][e] = fmaf(pa[jj], w[e], acc[0][e]);
+          acc[1][e] = fmaf(pb[jj], w[e], acc[1][e]);
+        }
       }
     }
   }
@@ -272,13 +290,13 @@ __device__ void oxa_fused_f32(
   for (int i = 0; i < 2; ++i) {
     const int s = s0 + r0 + i;
     if (s >= S) continue;
-    // every key masked to -inf (no finite maximum) is a NaN row in the unfused kernel
-    // (no keys: a zero row, as the unfused P @ V over none)
+    // every key masked to -inf (no finite maximum) is a NaN row in the unfused kernel;
+    // no keys: a zero row, as the unfused P @ V over none
     const bool undefined = T > 0 && (bad[i] || m[i] == NEG_INF);
     const float inv = T > 0 ? 1.f / l[i] : 0.f;
 #pragma unroll
-    for (int e = 0; e < OXA_HD / 8; ++e) {
-      const int col = c + 8 * e;
+    for (int e = 0; e < 8; ++e) {
+      const int col = (e < 4 ? 4 * c : 32 + 4 * c) + (e & 3);
       if (col < HV)
         o[(long long)s * os + col] =
             undefined ? (zero_nan ? 0.f : __uint_as_float(0x7fc00000u)) : acc[i][e] * inv;
@@ -360,6 +378,7 @@ class _AttentionBase(CudaKernel):
         a = attention.AttentionAttrs.of(info)
         self.heads, self.scale, self.causal = a.heads, a.scale, a.causal
         self.mask_filter, self.zero_nan = a.mask_filter, a.zero_nan
+        self._causal_keep: dict[tuple[int, int], Any] = {}  # (S, T) -> constant operand
         self.gemm = blas.engine_for(self.ep)
         self.dtype = info.input_dtype(0)
 
@@ -371,8 +390,13 @@ class _AttentionBase(CudaKernel):
 
     def additive(self, ctx: KernelContext, bias: Any, mask: Any, shape: tuple) -> Any:
         """The attention bias plus ``mask_filter_value`` at masked positions, in the compute
-        type, broadcastable to the scores' ``shape`` (None: neither)."""
+        type, broadcastable to the scores' ``shape`` (None: neither). With a bias or a mask,
+        the causal mask is part of it: a position masked both ways gets the filter value
+        once, as on the CPU provider (the softmax kernel then adds no causal filter)."""
         xp = self.xp
+        causal = None
+        if self.causal and (bias is not None or mask is not None):
+            causal = xp.asarray(_causal_mask(shape[2], shape[3])[None, None])
         dt = np.dtype(self.dtype if self.dtype is not None else ctx.input(0).dtype)
         wide = np.float64 if dt == np.float64 else np.float32
         out = None
@@ -393,7 +417,9 @@ class _AttentionBase(CudaKernel):
             else:
                 raise _error(self.info, f"mask of shape {list(mask.shape)} is not supported "
                                         f"(expected ({b}), ({b}, {t}) or ({b}, {s}, {t}))")  # fmt: skip
-            add = xp.where(masked, wide(self.mask_filter), wide(0))
+            causal = masked if causal is None else masked | causal
+        if causal is not None:
+            add = xp.where(causal, wide(self.mask_filter), wide(0))
             out = add if out is None else out + add
         return out
 
@@ -420,13 +446,14 @@ class _AttentionBase(CudaKernel):
 
     def softmax(self, scores: Any, add: Any, dt: np.dtype) -> None:
         xp = self.xp
+        causal = self.causal and add is None  # else the term holds the causal mask
         if xp is np:
-            masked_softmax_np(scores, add, self.causal, self.mask_filter, self.zero_nan)
+            masked_softmax_np(scores, add, causal, self.mask_filter, self.zero_nan)
             return
         if add is not None:
             add = xp.ascontiguousarray(add)
         name, grid, block, args = softmax_launch(
-            scores, add, self.causal, self.mask_filter, self.zero_nan
+            scores, add, causal, self.mask_filter, self.zero_nan
         )
         fn = SOFTMAX_ROWS.function(xp, "oxa_softmax_" + name + F.storage_key(dt))
         fn(grid, block, args)
@@ -627,7 +654,7 @@ class Attention(_AttentionBase):
             np.int32(h),
             np.int32(hv),
             np.float32(scale),
-            np.int32(self.causal),
+            np.int32(self.causal and add is None),  # else the term holds the causal mask
             np.float32(self.mask_filter),
             np.int32(self.zero_nan),
         )
@@ -788,16 +815,33 @@ class Attention(_AttentionBase):
         if bias4 is None and mask4 is None:
             return None
         f = wide.type(self.mask_filter)
+        # with a term, the causal mask is part of it (a position masked both ways gets the
+        # filter once, as on the CPU provider): a constant (1, 1, S, T) operand, made once
+        keep = None  # 1 where the causal mask lets a query see a key
+        if self.causal:
+            keep = self._causal_keep.get((s, t))
+            if keep is None:
+                visible = ~_causal_mask(s, t)[None, None]
+                keep = self._causal_keep[(s, t)] = xp.asarray(visible.astype(np.uint8))
 
         def make(buf: Any, sh: int) -> tuple[Any, Any]:
-            if mask4 is None:
+            if mask4 is None and keep is None:
                 assert bias4 is not None
                 if bias4.dtype == wide:
                     return bias4, None  # read in place, through its strides
                 out = buf(bias4.shape, wide)
                 return out, F.CAST.bind(xp, bias4, out, stream=sh)
-            out_shape = mask4.shape if bias4 is None else _broadcast(bias4.shape, mask4.shape)
+            shapes = [a.shape for a in (bias4, mask4, keep) if a is not None]
+            out_shape = shapes[0]
+            for other in shapes[1:]:
+                out_shape = _broadcast(out_shape, other)
             out = buf(out_shape, wide)
+            if mask4 is None:  # the bias and the causal mask
+                return out, BIAS_MASK_TERM.bind(xp, bias4, keep, f, out, stream=sh)
+            if keep is not None:
+                if bias4 is None:
+                    return out, MASK2_TERM.bind(xp, mask4, keep, f, out, stream=sh)
+                return out, BIAS_MASK2_TERM.bind(xp, bias4, mask4, keep, f, out, stream=sh)
             if bias4 is None:
                 return out, MASK_TERM.bind(xp, mask4, f, out, stream=sh)
             return out, BIAS_MASK_TERM.bind(xp, bias4, mask4, f, out, stream=sh)
@@ -806,11 +850,12 @@ class Attention(_AttentionBase):
 
     def _softmax_call(self, scores: Any, add: Any, dt: np.dtype, sh: int) -> Any:
         xp = self.xp
+        causal = self.causal and add is None  # else the term holds the causal mask
         if xp is np:
-            causal, filt, zero_nan = self.causal, self.mask_filter, self.zero_nan
+            filt, zero_nan = self.mask_filter, self.zero_nan
             return lambda: masked_softmax_np(scores, add, causal, filt, zero_nan)
         name, grid, block, args = softmax_launch(
-            scores, add, self.causal, self.mask_filter, self.zero_nan
+            scores, add, causal, self.mask_filter, self.zero_nan
         )
         fn = SOFTMAX_ROWS.function(xp, "oxa_softmax_" + name + F.storage_key(dt))
         return function_launch(fn, grid, block, args, sh)
@@ -835,6 +880,19 @@ def _bias_mask_term_np(a: np.ndarray, m: np.ndarray, f: Any, y: np.ndarray) -> N
     np.copyto(y, F.widen(a) + np.where(m == 0, f, 0), casting="unsafe")
 
 
+def _mask2_term_np(m: np.ndarray, k: np.ndarray, f: Any, y: np.ndarray) -> None:
+    np.copyto(y, np.where((m == 0) | (k == 0), f, 0))
+
+
+def _bias_mask2_term_np(a: np.ndarray, m: np.ndarray, k: np.ndarray, f: Any, y: np.ndarray) -> None:
+    np.copyto(y, F.widen(a) + np.where((m == 0) | (k == 0), f, 0), casting="unsafe")
+
+
+def _causal_mask(s: int, t: int) -> np.ndarray:
+    """(S, T) True where query i (at position T - S + i) must not see key j."""
+    return np.arange(t)[None, :] > np.arange(s)[:, None] + (t - s)
+
+
 # the mask's additive term: the filter value where the mask is 0 (plus the attention bias)
 MASK_TERM = F.Elementwise(
     "M m, W f", "W y", "y = (m == M(0)) ? f : W(0)", "oxa_mask_term", _mask_term_np
@@ -845,6 +903,24 @@ BIAS_MASK_TERM = F.Elementwise(
     "typedef ox_wide_t<B>::type WB; y = W(WB(a)) + ((m == M(0)) ? f : W(0))",
     "oxa_bias_mask_term",
     _bias_mask_term_np,
+    F.WIDE_PRE,
+)
+
+
+# ... where either of two masks is 0 (a padding mask and the causal mask): the filter once
+MASK2_TERM = F.Elementwise(
+    "M m, K k, W f",
+    "W y",
+    "y = (m == M(0) || k == K(0)) ? f : W(0)",
+    "oxa_mask2_term",
+    _mask2_term_np,
+)
+BIAS_MASK2_TERM = F.Elementwise(
+    "B a, M m, K k, W f",
+    "W y",
+    "typedef ox_wide_t<B>::type WB; y = W(WB(a)) + ((m == M(0) || k == K(0)) ? f : W(0))",
+    "oxa_bias_mask2_term",
+    _bias_mask2_term_np,
     F.WIDE_PRE,
 )
 
