@@ -186,10 +186,25 @@ __device__ void oxa_fused_f32(
   o += b * ob + n * on;
   const float NEG_INF = __uint_as_float(0xff800000u);
   const int H4 = (H + 3) & ~3;  // the dot products run over whole float4s (zeros past H)
-  for (int i = tid; i < QT * OXA_HD; i += NT) {
-    const int r = i / OXA_HD, h = i % OXA_HD;
-    sq[r][h] = (s0 + r < S && h < H) ? q[(long long)(s0 + r) * qs + h] : 0.f;
+  // Loads run unrolled, so that they are all in flight at once (NT is a multiple of 64:
+  // thread tid always loads head element tid % 64), and the next tile's keys and values are
+  // fetched into registers while the current tile is computed.
+  constexpr int ROWS_PER_PASS = NT / OXA_HD, LD = OXA_KT / ROWS_PER_PASS;
+  const int hl = tid % OXA_HD, jl = tid / OXA_HD;
+#pragma unroll
+  for (int it = 0; it < QT / ROWS_PER_PASS; ++it) {
+    const int r = jl + it * ROWS_PER_PASS;
+    sq[r][hl] = (s0 + r < S && hl < H) ? q[(long long)(s0 + r) * qs + hl] : 0.f;
   }
+  float rk[LD], rv[LD];
+#define OXA_FETCH(T0)                                                         \
+  _Pragma("unroll") for (int it = 0; it < LD; ++it) {                         \
+    const int j = jl + it * ROWS_PER_PASS;                                    \
+    const bool in = (T0) + j < T;                                             \
+    rk[it] = (in && hl < H) ? k[(long long)((T0) + j) * ks + hl] : 0.f;       \
+    rv[it] = (in && hl < HV) ? v[(long long)((T0) + j) * vs + hl] : 0.f;      \
+  }
+  OXA_FETCH(0)
   float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, acc[2][8];
   bool bad[2] = {false, false};
 #pragma unroll
@@ -198,13 +213,15 @@ __device__ void oxa_fused_f32(
     for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
   for (int t0 = 0; t0 < T; t0 += OXA_KT) {
     __syncthreads();  // the previous tile's readers are done with sk, sv, sp
-    for (int i = tid; i < OXA_KT * OXA_HD; i += NT) {
-      const int j = i / OXA_HD, h = i % OXA_HD;
-      const bool in = t0 + j < T;
-      sk[j][h] = (in && h < H) ? k[(long long)(t0 + j) * ks + h] : 0.f;
-      sv[j][h] = (in && h < HV) ? v[(long long)(t0 + j) * vs + h] : 0.f;
+#pragma unroll
+    for (int it = 0; it < LD; ++it) {
+      sk[jl + it * ROWS_PER_PASS][hl] = rk[it];
+      sv[jl + it * ROWS_PER_PASS][hl] = rv[it];
     }
     __syncthreads();
+    if (t0 + OXA_KT < T) {
+      OXA_FETCH(t0 + OXA_KT)
+    }
     float x[2][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
