@@ -7,13 +7,19 @@ recorder, so this runs without a GPU."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from onnxplug_cuda import runtime
+PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
+if str(PLUGIN_SRC) not in sys.path:  # CI installs the core only
+    sys.path.insert(0, str(PLUGIN_SRC))
+
+from onnxplug_cuda import runtime  # noqa: E402
 
 
 class _Runtime:
