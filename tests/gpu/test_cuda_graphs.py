@@ -95,6 +95,24 @@ def rand(*shape: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
+def in_threads(worker, n: int) -> list[BaseException]:
+    """Run ``worker(k)`` on threads k = 0..n-1 and return what they raised."""
+    errors: list[BaseException] = []
+
+    def guarded(k: int) -> None:
+        try:
+            worker(k)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 def states(sess: ox.InferenceSession) -> list[str]:
     return [s[2] for s in sess._runner.capture.states()]
 
@@ -184,24 +202,16 @@ def test_two_threads_capture_their_own_graphs():
     model = block()
     sess = graph_session(model)
     eager = ox.InferenceSession(model, providers=[CUDA, CPU])
-    errors: list[BaseException] = []
     barrier = threading.Barrier(2)
 
     def worker(k: int) -> None:
-        try:
-            barrier.wait()
-            for i in range(8):
-                x = rand(2, 8, 32, seed=100 * k + i)
-                (y,) = sess.run(None, {"x": x})
-                np.testing.assert_array_equal(y, eager.run(None, {"x": x})[0])
-        except BaseException as e:
-            errors.append(e)
+        barrier.wait()
+        for i in range(8):
+            x = rand(2, 8, 32, seed=100 * k + i)
+            (y,) = sess.run(None, {"x": x})
+            np.testing.assert_array_equal(y, eager.run(None, {"x": x})[0])
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = in_threads(worker, 2)
     assert not errors, errors[0]
 
 
@@ -213,35 +223,27 @@ def test_threads_with_their_own_iobindings_synchronise_without_breaking_captures
     model = conv()
     sess = graph_session(model)
     eager = ox.InferenceSession(model, providers=[CUDA, CPU])
-    errors: list[BaseException] = []
     barrier = threading.Barrier(4)
 
     def worker(k: int) -> None:
-        try:
-            x = rand(2, 3, 16, 16, seed=k)
-            (want,) = eager.run(None, {"x": x})
-            xv = ox.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
-            yv = ox.OrtValue.ortvalue_from_shape_and_type([2, 8, 1, 1], np.float32, "cuda", 0)
-            io = sess.io_binding()
-            io.bind_ortvalue_input("x", xv)
-            io.bind_ortvalue_output("y", yv)
-            barrier.wait()
-            for _ in range(30):
-                io.synchronize_inputs()
-                sess.run_with_iobinding(io)
-                io.synchronize_outputs()
-                np.testing.assert_array_equal(yv.numpy(), want)
-            assert states(sess) == ["captured"]
-        except BaseException as e:
-            errors.append(e)
+        x = rand(2, 3, 16, 16, seed=k)
+        (want,) = eager.run(None, {"x": x})
+        xv = ox.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+        yv = ox.OrtValue.ortvalue_from_shape_and_type([2, 8, 1, 1], np.float32, "cuda", 0)
+        io = sess.io_binding()
+        io.bind_ortvalue_input("x", xv)
+        io.bind_ortvalue_output("y", yv)
+        barrier.wait()
+        for _ in range(30):
+            io.synchronize_inputs()
+            sess.run_with_iobinding(io)
+            io.synchronize_outputs()
+            np.testing.assert_array_equal(yv.numpy(), want)
+        assert states(sess) == ["captured"]
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an abandoned capture warns
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = in_threads(worker, 4)
     assert not errors, errors[0]
 
 

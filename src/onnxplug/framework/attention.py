@@ -1,11 +1,13 @@
 """What the attention ops' kernels share between providers (``com.microsoft``/``ai.onnxplug``
-``Attention`` and ``MultiHeadAttention``): their attributes, read and checked once, and the
-errors that name the node."""
+``Attention`` and ``MultiHeadAttention``): their attributes, read and checked once, the causal
+mask, and the errors that name the node."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 DEFAULT_MASK_FILTER = -10000.0  # onnxruntime's mask_filter_value
 
@@ -13,6 +15,11 @@ DEFAULT_MASK_FILTER = -10000.0  # onnxruntime's mask_filter_value
 def node_error(info: Any, msg: str) -> ValueError:
     """A ValueError naming the op and node of ``info`` (a KernelInfo)."""
     return ValueError(f"{info.op_type} node '{info.name}': {msg}")
+
+
+def causal_mask(s: int, t: int) -> np.ndarray:
+    """(S, T) True where query i (at position T - S + i) must not see key j."""
+    return np.arange(t)[None, :] > np.arange(s)[:, None] + (t - s)
 
 
 @dataclass(frozen=True)

@@ -347,10 +347,7 @@ def softmax_launch(scores: Any, add: Any, causal: bool, filt: float, zero_nan: b
     """(function name suffix, grid, block, arguments) of the masked softmax over dense
     (B, N, S, T) ``scores`` in place: a warp per row up to 1024 keys, a block per row beyond."""
     b, n, s, t = scores.shape
-    strides = [0, 0, 0, 0]
-    if add is not None:
-        a4 = add.reshape((1,) * (4 - add.ndim) + add.shape)
-        strides = [0 if d == 1 else st // a4.itemsize for d, st in zip(a4.shape, a4.strides)]
+    strides = _term_strides(add)
     head = (scores, _NULL if add is None else add, *(np.int64(v) for v in strides))
     tail = (np.int32(causal), np.float64(filt), np.int32(zero_nan))
     rows = b * n * s
@@ -363,6 +360,15 @@ def softmax_launch(scores: Any, add: Any, causal: bool, filt: float, zero_nan: b
 
 
 SOFTMAX_ROWS = F.row_module(_SOFTMAX_SRC, _SOFTMAX_ENTRY)
+
+
+def _term_strides(add: Any) -> list[int]:
+    """The additive term's element strides over (B, N, S, T), 0 where it broadcasts (all 0
+    without a term): how the softmax and fused kernels index it."""
+    if add is None:
+        return [0, 0, 0, 0]
+    a4 = add.reshape((1,) * (4 - add.ndim) + add.shape)
+    return [0 if d == 1 else st // a4.itemsize for d, st in zip(a4.shape, a4.strides)]
 
 
 def masked_softmax_np(
@@ -414,7 +420,7 @@ class _AttentionBase(CudaKernel):
         xp = self.xp
         causal = None
         if self.causal and (bias is not None or mask is not None):
-            causal = xp.asarray(_causal_mask(shape[2], shape[3])[None, None])
+            causal = xp.asarray(attention.causal_mask(shape[2], shape[3])[None, None])
         dt = np.dtype(self.dtype if self.dtype is not None else ctx.input(0).dtype)
         wide = np.float64 if dt == np.float64 else np.float32
         out = None
@@ -654,10 +660,7 @@ class Attention(_AttentionBase):
         b, n, s, h, hv, dq, dk = dims
         total, isz = qkv.shape[1], qkv.dtype.itemsize
         base = int(qkv.data.ptr)
-        strides = [0, 0, 0, 0]
-        if add is not None:
-            a4 = add.reshape((1,) * (4 - add.ndim) + add.shape)
-            strides = [0 if d == 1 else st // a4.itemsize for d, st in zip(a4.shape, a4.strides)]
+        strides = _term_strides(add)
         # a grid of at least two blocks per SM where the batch allows: smaller query tiles
         qt = 16 if -(-s // 32) * b * n < 2 * _multiprocessors(self.ep.ordinal) else 32
         i64 = np.int64
@@ -843,7 +846,7 @@ class Attention(_AttentionBase):
         if self.causal:
             keep = self._causal_keep.get((s, t))
             if keep is None:
-                visible = ~_causal_mask(s, t)[None, None]
+                visible = ~attention.causal_mask(s, t)[None, None]
                 keep = self._causal_keep[(s, t)] = xp.asarray(visible.astype(np.uint8))
 
         def make(buf: Any, sh: int) -> tuple[Any, Any]:
@@ -908,11 +911,6 @@ def _mask2_term_np(m: np.ndarray, k: np.ndarray, f: Any, y: np.ndarray) -> None:
 
 def _bias_mask2_term_np(a: np.ndarray, m: np.ndarray, k: np.ndarray, f: Any, y: np.ndarray) -> None:
     np.copyto(y, F.widen(a) + np.where((m == 0) | (k == 0), f, 0), casting="unsafe")
-
-
-def _causal_mask(s: int, t: int) -> np.ndarray:
-    """(S, T) True where query i (at position T - S + i) must not see key j."""
-    return np.arange(t)[None, :] > np.arange(s)[:, None] + (t - s)
 
 
 # the mask's additive term: the filter value where the mask is 0 (plus the attention bias)

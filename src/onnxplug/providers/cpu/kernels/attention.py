@@ -91,12 +91,6 @@ def attend(
     return np.matmul(w, v)
 
 
-def causal_mask(s: int, t: int) -> np.ndarray:
-    """(S, T) True where query i (at position T - S + i) must not see key j."""
-    past = t - s
-    return np.arange(t)[None, :] > (np.arange(s)[:, None] + past)
-
-
 class _AttentionBase(Kernel):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
@@ -128,7 +122,7 @@ class _AttentionBase(Kernel):
         b, n, s, h = q.shape
         t = k.shape[2]
         if self.causal:
-            cm = causal_mask(s, t)
+            cm = attention.causal_mask(s, t)
             masked = cm if masked is None else masked | cm
         additive = attention_scores_bias((b, n, s, t), bias, masked, self.mask_filter)
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(h)
