@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import onnxplug as ox
+from onnxplug.framework import counters
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import models
@@ -64,6 +65,18 @@ def iob_call(sess: Any, feeds: dict[str, np.ndarray], want: list[np.ndarray]) ->
         io.synchronize_outputs()
 
     return call
+
+
+def counted(label: str, calls: list[Any], seconds: float) -> float:
+    """``loop``, printing what the runs did per inference (captures, replays, host syncs)."""
+    before = counters.snapshot()
+    t0 = time.perf_counter()
+    rate = loop(calls, seconds)
+    runs = max(1, round(rate * (time.perf_counter() - t0)))
+    did = counters.delta(before)
+    print(f"  {label}: {rate:.0f}/s; per run " + ", ".join(
+        f"{k} {v / runs:.3f}" for k, v in did.items()))  # fmt: skip
+    return rate
 
 
 def timeline(calls: list[Any], seconds: float) -> str:
@@ -114,8 +127,13 @@ def main() -> int:
         for c in run + iob:
             for _ in range(5):
                 c()
-        r1, rn = loop(run[:1], args.seconds), loop(run, args.seconds)
-        i1, i_n = loop(iob[:1], args.seconds), loop(iob, args.seconds)
+        rates = {}
+        for label, calls in (("run() x1", run[:1]), (f"run() x{n}", run)):
+            rates[label] = counted(label, calls, args.seconds)
+        for label, calls in (("IOBinding x1", iob[:1]), (f"IOBinding x{n}", iob)):
+            rates[label] = counted(label, calls, args.seconds)
+        r1, rn = rates["run() x1"], rates[f"run() x{n}"]
+        i1, i_n = rates["IOBinding x1"], rates[f"IOBinding x{n}"]
         print(f"{name} b1 run():     1: {r1:7.0f}/s  {n}: {rn:7.0f}/s  {rn / r1:.2f}x")
         print(f"{name} b1 IOBinding: 1: {i1:7.0f}/s  {n}: {i_n:7.0f}/s  {i_n / i1:.2f}x")
         print(f"  run() x1 timeline: {timeline(run[:1], 0.5)}")

@@ -297,10 +297,19 @@ def outer_scope_names(g: Graph) -> list[str]:
 
 
 def graph_from_proto(
-    gp: GraphProto, opsets: dict[str, int], parent: Graph | None = None, ir_version: int = 0
+    gp: GraphProto,
+    opsets: dict[str, int],
+    parent: Graph | None = None,
+    ir_version: int = 0,
+    weights: dict[str, np.ndarray] | None = None,
 ) -> Graph:
+    """``weights``: initializers the loader read from the model's bytes (their tensors in
+    ``gp`` hold no data), by name."""
     inits: dict[str, np.ndarray] = {}
     for t in gp.initializer:
+        if weights and t.name in weights:
+            inits[t.name] = weights[t.name]
+            continue
         try:
             inits[t.name] = read_only(numpy_helper.to_array(t))
         except Exception as e:
@@ -361,7 +370,8 @@ def _newest_opsets() -> dict[str, int]:
     return newest
 
 
-def graph_from_model(proto: ModelProto) -> Graph:
+def graph_from_model(proto: ModelProto, weights: dict[str, np.ndarray] | None = None) -> Graph:
+    """The graph of a loaded model (``weights``: as ir.model.LoadedModel has them)."""
     opsets: dict[str, int] = {}
     for imp in proto.opset_import:
         dom = "" if imp.domain == "ai.onnx" else imp.domain
@@ -380,7 +390,7 @@ def graph_from_model(proto: ModelProto) -> Graph:
                 f"onnx ({onnx.__version__}) knows opsets up to {newest}: upgrade onnx or "
                 "export the model for an older opset"
             )
-    g = graph_from_proto(proto.graph, opsets, None, proto.ir_version)
+    g = graph_from_proto(proto.graph, opsets, None, proto.ir_version, weights)
     _check_defined(g, frozenset())
     inferred: dict[str, ValueType] = {}
     refused = infer_graph(g, proto.ir_version, inferred=inferred)

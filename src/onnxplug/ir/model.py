@@ -8,42 +8,59 @@ ops are expanded later, by the partitioner, only where no provider has a kernel 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
 import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
 from ..errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile
 from .validate import SUB_BYTE_BITS, check_proto
+from .wire import RawData, WireError, strip_raw_data
 
 
-def load_model_proto(
-    model: str | os.PathLike | bytes | ModelProto,
-) -> tuple[ModelProto, Path | None]:
-    """Return (ModelProto with external data loaded, the model's folder or None)."""
+@dataclass
+class LoadedModel:
+    """A loaded model: its proto (external data read, local functions inlined), its folder
+    (None unless loaded from a file) and the weights lifted out of the proto."""
+
+    proto: ModelProto
+    base_dir: Path | None
+    # main-graph initializers read straight from the model's bytes, by name: their tensors in
+    # ``proto`` keep name, type and dims but no data
+    weights: dict[str, np.ndarray]
+
+
+def load_model(model: str | os.PathLike | bytes | ModelProto) -> LoadedModel:
+    """Load a model from a path, bytes or a ModelProto (which is copied, not changed)."""
     base_dir: Path | None = None
+    weights: dict[str, np.ndarray] = {}
     if isinstance(model, ModelProto):
         proto = ModelProto()
         proto.CopyFrom(model)
+        _check_loaded(proto, base_dir, {})
     elif isinstance(model, (bytes, bytearray, memoryview)):
-        proto = _parse(bytes(model), "<bytes>")
+        with memoryview(model) as view:
+            flat = view if view.c_contiguous else memoryview(view.tobytes())
+            with flat.cast("B") as data:
+                proto, weights = _load_serialized(data, "<bytes>", base_dir)
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)
-        proto = _parse_model_file(path)
-        base_dir = path.resolve().parent
+        with _model_file_bytes(path) as data:
+            base_dir = path.resolve().parent
+            proto, weights = _load_serialized(data, str(path), base_dir)
     else:
         raise InvalidArgument(
             f"a model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}"
         )
-    if not proto.HasField("graph"):
-        raise InvalidGraph("the model has no graph")
-    load_external_data(proto, base_dir)
-    check_proto(proto)  # before any native code (the inliner, shape inference) reads it
     if len(proto.functions):
         try:
             from onnx import inliner
@@ -51,16 +68,97 @@ def load_model_proto(
             proto = inliner.inline_local_functions(proto)
         except Exception as e:  # the inliner rejects malformed functions
             raise InvalidGraph(f"could not inline the model's local functions: {e}") from e
-    return proto, base_dir
+    return LoadedModel(proto, base_dir, weights)
+
+
+def _load_serialized(
+    data: memoryview, where: str, base_dir: Path | None
+) -> tuple[ModelProto, dict[str, np.ndarray]]:
+    """Parse a serialized model, its main graph's weights lifted out of the proto (ir.wire),
+    then copied once from ``data`` into one host block."""
+    try:
+        stripped = strip_raw_data(data)
+    except WireError:
+        stripped = None  # protobuf's parse below names what is wrong
+    if stripped is None:
+        proto = _parse(data, where)
+        _check_loaded(proto, base_dir, {})
+        return proto, {}
+    proto = _parse(stripped[0], where)
+    inits = proto.graph.initializer
+    names = [t.name for t in inits]
+    unique = len(set(names)) == len(names)
+    lifted: dict[str, tuple[RawData, np.dtype]] = {}
+    for raw in stripped[1]:
+        t = inits[raw.index]
+        dtype = _RAW_DTYPES.get(t.data_type)
+        if unique and dtype is not None and t.data_location != TensorProto.EXTERNAL:
+            lifted[t.name] = (raw, dtype)
+        else:  # read as protobuf reads it (a type numpy_helper converts, a repeated name)
+            t.raw_data = bytes(data[raw.offset : raw.offset + raw.nbytes])
+    _check_loaded(proto, base_dir, {name: raw.nbytes for name, (raw, _) in lifted.items()})
+    return proto, _copy_weights(data, proto, lifted)
+
+
+def _check_loaded(proto: ModelProto, base_dir: Path | None, lifted: dict[str, int]) -> None:
+    if not proto.HasField("graph"):
+        raise InvalidGraph("the model has no graph")
+    load_external_data(proto, base_dir)
+    check_proto(proto, lifted)  # before any native code (the inliner, shape inference) reads it
+
+
+# element types whose raw data numpy reads as it is (little-endian, one element per item)
+_RAW_DTYPES: dict[int, np.dtype] = {
+    TensorProto.FLOAT: np.dtype("<f4"),
+    TensorProto.DOUBLE: np.dtype("<f8"),
+    TensorProto.FLOAT16: np.dtype("<f2"),
+    TensorProto.INT8: np.dtype("i1"),
+    TensorProto.INT16: np.dtype("<i2"),
+    TensorProto.INT32: np.dtype("<i4"),
+    TensorProto.INT64: np.dtype("<i8"),
+    TensorProto.UINT8: np.dtype("u1"),
+    TensorProto.UINT16: np.dtype("<u2"),
+    TensorProto.UINT32: np.dtype("<u4"),
+    TensorProto.UINT64: np.dtype("<u8"),
+    TensorProto.BOOL: np.dtype("?"),
+}
+
+# each weight starts on a 64-byte boundary of the block (vector loads, BLAS)
+_WEIGHT_ALIGN = 64
+
+
+def _copy_weights(
+    data: memoryview, proto: ModelProto, lifted: dict[str, tuple[RawData, np.dtype]]
+) -> dict[str, np.ndarray]:
+    """Each lifted weight copied out of ``data`` into one block, as a read-only array."""
+    dims = {t.name: tuple(int(d) for d in t.dims) for t in proto.graph.initializer}
+    starts: dict[str, int] = {}
+    size = 0
+    for name, (raw, _) in lifted.items():
+        starts[name] = size
+        size += -(-raw.nbytes // _WEIGHT_ALIGN) * _WEIGHT_ALIGN
+    block = np.empty(size + _WEIGHT_ALIGN, np.uint8)
+    base = -block.ctypes.data % _WEIGHT_ALIGN
+    weights: dict[str, np.ndarray] = {}
+    for name, (raw, dtype) in lifted.items():
+        at = base + starts[name]
+        dest = block[at : at + raw.nbytes]
+        dest[:] = np.frombuffer(data, np.uint8, raw.nbytes, raw.offset)
+        weight = dest.view(dtype).reshape(dims[name])
+        weight.flags.writeable = False  # shared by every run (ir.graph.read_only)
+        weights[name] = weight
+    return weights
 
 
 # protobuf cannot parse a message of 2 GiB or more: bigger models keep weights as external data
 _MAX_PROTO_BYTES = 2**31 - 1
 
 
-def _parse_model_file(path: Path) -> ModelProto:
-    """A model file parsed straight from its pages (mapped, not read into a copy first: a
-    400 MB model spent as long in ``read`` as in parsing)."""
+@contextlib.contextmanager
+def _model_file_bytes(path: Path) -> Iterator[memoryview]:
+    """A model file's bytes: its pages mapped (a 400 MB model spent as long in ``read`` as in
+    parsing), or read where the file system cannot map files. Nothing keeps the mapping once
+    the model is loaded: rewriting the file afterwards changes no session."""
     size = _model_file_size(path)
     with open(path, "rb") as f:
         try:
@@ -69,10 +167,11 @@ def _parse_model_file(path: Path) -> ModelProto:
             mapped = None
         if mapped is None:
             # the size stat saw, not the 2 GiB bound: read(n) reserves n bytes up front
-            return _parse(f.read(size), str(path))
-    # protobuf copies what it keeps out of the buffer: the mapping can go once it has parsed
+            with memoryview(f.read(size)) as view:
+                yield view
+            return
     with mapped, memoryview(mapped) as view:
-        return _parse(view, str(path))
+        yield view
 
 
 def _model_file_size(path: Path) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,12 +50,13 @@ SUB_BYTE_BITS = {
 # The proto, before native code sees it
 
 
-def check_proto(proto: ModelProto) -> None:
+def check_proto(proto: ModelProto, lifted: Mapping[str, int] | None = None) -> None:
     """Text fields, tensors and declared types of the whole model (subgraphs and functions
-    included)."""
+    included). ``lifted``: the byte counts of main-graph initializers whose data the loader
+    lifted out of the proto (ir.wire), by name."""
     _check_text(proto, "model")
     for where, graph in _graphs(proto.graph, "graph"):
-        _check_graph_proto(graph, where)
+        _check_graph_proto(graph, where, lifted if graph is proto.graph else None)
     _check_subgraph_scopes(proto.graph)
     for f in proto.functions:
         for node in f.node:
@@ -103,9 +104,10 @@ def _graphs(g: GraphProto, where: str) -> Iterator[tuple[str, GraphProto]]:
                 yield from _graphs(sg, label if not k else f"{label}[{k}]")
 
 
-def _check_graph_proto(g: GraphProto, where: str) -> None:
+def _check_graph_proto(g: GraphProto, where: str, lifted: Mapping[str, int] | None) -> None:
     for t in g.initializer:
-        check_tensor(t, f"initializer '{_text(t.name)}' of {where}")
+        raw = lifted.get(t.name) if lifted else None
+        check_tensor(t, f"initializer '{_text(t.name)}' of {where}", raw)
     for sp in g.sparse_initializer:
         check_sparse_tensor(sp, f"sparse initializer '{_text(sp.values.name)}' of {where}")
     # Every declared type names real element types, as onnxruntime requires ("Invalid tensor
@@ -237,8 +239,9 @@ def _check_type_proto(tp: TypeProto, where: str, nested: str = "") -> None:
         _check_type_proto(tp.map_type.value_type, where, "map")
 
 
-def check_tensor(t: TensorProto, where: str) -> None:
-    """A tensor's element type is real, its dims are non-negative and its data fills them."""
+def check_tensor(t: TensorProto, where: str, raw_nbytes: int | None = None) -> None:
+    """A tensor's element type is real, its dims are non-negative and its data fills them.
+    ``raw_nbytes``: the size of its raw data where the loader lifted it out of the proto."""
     if t.data_type not in _VALID_ELEM_TYPES:
         raise InvalidGraph(f"{where}: tensor does not have a valid data type ({t.data_type})")
     dims = [int(d) for d in t.dims]
@@ -249,22 +252,22 @@ def check_tensor(t: TensorProto, where: str) -> None:
     numel = 1
     for d in dims:
         numel *= d
-    have = _stored_count(t)
+    have = _stored_count(t, raw_nbytes)
     if have is not None and have != numel:
         raise InvalidGraph(f"{where}: tensor of dims {dims} needs {numel} values but holds {have}")
 
 
-def _stored_count(t: TensorProto) -> int | None:
+def _stored_count(t: TensorProto, raw_nbytes: int | None) -> int | None:
     """How many elements a tensor's data holds (None when the layout is not checked here)."""
     dt = t.data_type
-    if t.HasField("raw_data"):
+    if raw_nbytes is not None or t.HasField("raw_data"):
         if dt == TensorProto.STRING:
             return None
         bits = SUB_BYTE_BITS.get(dt)
         if bits is not None:
             return None  # packed: the last byte may hold padding; numpy_helper checks it
         size = onnx.helper.tensor_dtype_to_np_dtype(dt).itemsize
-        n = len(t.raw_data)
+        n = len(t.raw_data) if raw_nbytes is None else raw_nbytes
         return n // size if n % size == 0 else -1
     field = onnx.helper.tensor_dtype_to_field(dt) if dt != TensorProto.STRING else "string_data"
     count = len(getattr(t, field))

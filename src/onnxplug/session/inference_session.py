@@ -37,7 +37,7 @@ from ..framework.memory import CPU, CPU_MEMORY, Device, DeviceTensor
 from ..framework.profiler import SESSION, Profiler, reserve_trace_file, write_trace
 from ..ir.export import model_to_proto
 from ..ir.graph import Graph, graph_from_model, read_only
-from ..ir.model import load_model_proto
+from ..ir.model import load_model
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype
 from ..optimizer.passes import disabled_optimizers, optimize
 from . import log
@@ -130,9 +130,11 @@ class InferenceSession:
         self._start_profiling()
         t_begin = time.perf_counter_ns()
         with unexpected_errors_typed("loading the model"):
-            proto, _ = load_model_proto(path_or_bytes)
+            loaded = load_model(path_or_bytes)
+            proto = loaded.proto
             self._proto_meta = _metadata(proto)
-            graph: Graph = graph_from_model(proto)
+            graph: Graph = graph_from_model(proto, loaded.weights)
+            del loaded
         self._graph = graph
         t_loaded = time.perf_counter_ns()
         if self._profiler is not None:
