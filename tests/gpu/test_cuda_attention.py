@@ -148,11 +148,80 @@ def test_fused_float32_attention_matches_cpu(heads, d, b, s, mask, causal, filte
         feeds["mask"] = (rng.random((b, s, s)) > 0.3).astype(np.int32)
     else:
         feeds["attn_bias"] = rng.standard_normal((b, 1, s, s)).astype(np.float32)
-    before = attention.stats["fused_f32"]
+    before = dict(attention.stats)
     cuda = ox.InferenceSession(model, providers=[(CUDA, {"use_tf32": "0"}), CPU])
     cpu = ox.InferenceSession(model, providers=[CPU])
     want = cpu.run(None, feeds)[0]
     for _ in range(2):
         got = cuda.run(None, feeds)[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    assert (attention.stats["fused_f32"] > before) == (d // heads <= 64 and b > 1)
+    assert (attention.stats["fused_f32"] > before["fused_f32"]) == (d // heads <= 64 and b > 1)
+    assert attention.stats["fused_f32_mma"] == before["fused_f32_mma"]  # no TF32 asked for
+
+
+@pytest.mark.parametrize(
+    "heads,b,s,mask,causal,filter_value",
+    [
+        (1, 3, 37, "2d", True, None),
+        (2, 1, 37, "2d", True, None),  # batch 1
+        (2, 2, 33, "3d", True, -1.0),  # a small filter: masked keys keep some weight
+        (4, 2, 45, "2d", False, float("-inf")),  # fully masked rows: NaN, as on the CPU
+        (4, 2, 45, "2d", False, None),
+        (4, 24, 100, "bias", True, None),  # a grid of 2496 blocks
+        (4, 3, 200, "bias", False, None),  # 7 tiles of keys, the last one partial
+        (12, 2, 128, "2d", True, None),  # GPT-2's heads
+    ],
+)
+def test_tensor_core_attention_matches_cpu(heads, b, s, mask, causal, filter_value):
+    """float32 Attention with heads of 64 and TF32 allowed (the default) runs the tensor-core
+    kernel, at any batch, and matches the CPU provider within TF32's error (as the TF32 GEMMs
+    of the unfused path)."""
+    from onnxplug_cuda.kernels import attention
+
+    d = 64 * heads
+    model = _attention_model(b, s, d, heads, mask, causal, np.float32, filter_value)
+    rng = np.random.default_rng(heads * 100 + s)
+    feeds = {"x": rng.standard_normal((b, s, d)).astype(np.float32)}
+    if mask == "2d":
+        m = np.ones((b, s), np.int32)
+        m[-1, s // 3 :] = 0
+        if filter_value == float("-inf"):
+            m[0, :] = 0  # every key of batch 0 masked: undefined rows
+        feeds["mask"] = m
+    elif mask == "3d":
+        feeds["mask"] = (rng.random((b, s, s)) > 0.3).astype(np.int32)
+    else:
+        feeds["attn_bias"] = rng.standard_normal((b, 1, s, s)).astype(np.float32)
+    before = attention.stats["fused_f32_mma"]
+    cuda = ox.InferenceSession(model, providers=[CUDA, CPU])
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)[0]
+    for _ in range(2):
+        got = cuda.run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert attention.stats["fused_f32_mma"] > before
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (2, 2)])
+def test_every_tensor_core_block_shape_matches_cpu(monkeypatch, shape):
+    """Each block shape of the tensor-core kernel (query groups x key parts), forced, on
+    queries and keys that fill no tile exactly, with fully masked rows."""
+    from onnxplug_cuda.kernels import attention
+
+    assert shape in attention.MMA_SHAPES
+    monkeypatch.setattr(attention, "mma_shape", lambda s, heads, sms: shape)
+    heads, b, s = 2, 3, 75
+    model = _attention_model(b, s, 64 * heads, heads, "2d", True, np.float32, float("-inf"))
+    rng = np.random.default_rng(7)
+    m = np.ones((b, s), np.int32)
+    m[0, :] = 0
+    m[-1, s // 3 :] = 0
+    feeds = {"x": rng.standard_normal((b, s, 64 * heads)).astype(np.float32), "mask": m}
+    before = attention.stats["fused_f32_mma"]
+    cuda = ox.InferenceSession(model, providers=[CUDA, CPU])
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)[0]
+    for _ in range(2):  # the second run is the prepared one
+        got = cuda.run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert attention.stats["fused_f32_mma"] > before

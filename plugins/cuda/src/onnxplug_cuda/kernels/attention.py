@@ -12,11 +12,14 @@ broadcast strides, ``mask_filter_value`` at masked positions), takes the softmax
 then ``P @ V`` is a second strided-batched GEMM, transposed into the (B, S, N*Hv) output.
 Under the host simulation the GEMM engine's numpy path and the row kernel's numpy twin run.
 
-float32 Attention beyond batch 1 (prepared, no past, heads of at most 64) runs one fused
-kernel after the projection instead (``FUSED_ATTENTION``): it reads Q/K/V in place from the
-projection, keeps the scores on chip (online softmax over key tiles, in float32 FMA, no TF32)
-and writes the context in place, where the generic path copies the heads four times; the
-mask's additive term is made as for the generic path.
+float32 Attention (prepared, no past, heads of at most 64) runs one fused kernel after the
+projection instead: it reads Q/K/V in place from the projection, keeps the scores on chip
+(online softmax over key tiles) and writes the context in place, where the generic path copies
+the heads four times; the mask's additive term is made as for the generic path. With heads of
+64 and TF32 allowed (``use_tf32``, the default) on an sm_80 or later GPU, at any batch, the
+kernel runs on tensor cores (``FUSED_ATTENTION_MMA``: TF32 products, float32 softmax and
+accumulation, as the TF32 GEMMs of the generic path); otherwise, beyond batch 1, in float32
+FMA (``FUSED_ATTENTION``, no TF32).
 
 float16 Attention (prepared, no past; a mask or an attention bias; ``sdpa_kernel`` 0 or with
 the FLASH_ATTENTION or CUDNN_FLASH_ATTENTION bit) runs cuDNN's fused attention instead
@@ -333,8 +336,287 @@ extern "C" __global__ void __launch_bounds__({nt}) oxa_fused_f32_q{qt}(
                       a2, a3, heads, S, T, H, HV, scale, causal, filter, zero_nan);
 }}
 """
+_MMA_SRC = r"""
+// Fused float32 attention on tensor cores (TF32 mma.sync m16n8k8, sm_80 and later), for heads
+// of 64 (Q/K and V): the scores and arithmetic of oxa_fused_f32, with the products in TF32
+// (inputs rounded to nearest) and float32 accumulation, as cuBLASLt's TF32 GEMMs of the
+// unfused path.
+//
+// One block of QG x KS warps per (batch x head, 16 QG queries): warp (qg, ks) takes the 16
+// queries of group qg and, of each tile of 32 keys (fetched with cp.async one tile ahead, two
+// buffers), the 32 / KS keys of part ks. Each warp keeps its own running max, sum and context;
+// the KS warps of a query group are merged through shared memory at the end. Splitting the
+// keys puts more warps on the SMs where the batch is small (one warp walking all keys of its
+// 16 queries left the SMs one or two warps each, every instruction waiting on the one before:
+// 13 us per node at GPT-2 b1); more query groups per block share each tile's loads where the
+// grid is large.
+//
+// Thread (g, q) = (lane / 4, lane % 4) of a warp holds rows g and g + 8. Its score fragment
+// holds keys 2q and 2q + 1 of each group of 8, so P feeds P @ V as its A operand with the keys
+// taken in the order (0, 2, 4, 6, 1, 3, 5, 7), and the value rows are read in that order:
+// nothing moves between lanes. Rows are padded to 68 floats: key reads (row g, column q) and
+// value reads (row 2q, column g) hit 32 distinct banks. The additive term of a tile is loaded
+// into registers a tile ahead.
+#define OXM_KT 32
+#define OXM_PAD 68
+__device__ __forceinline__ unsigned oxm_tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void oxm_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 16 bytes from global to shared memory without passing through registers; zeros when !in
+__device__ __forceinline__ void oxm_cp16(float* dst, const float* src, bool in) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
+               "r"(in ? 16 : 0));
+}
+template <int QG, int KS>
+__device__ void oxa_mma_f32(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ o, long long qb, long long qs, long long qn, long long kb, long long ks,
+    long long kn, long long vb, long long vs, long long vn, long long ob, long long os,
+    long long on, const float* __restrict__ add, long long a0, long long a1, long long a2,
+    long long a3, int heads, int S, int T, float scale, int causal, float filter,
+    int zero_nan) {
+  constexpr int NT = 32 * QG * KS, NW = OXM_KT / 8 / KS;  // threads; key groups of 8 per warp
+  static_assert(QG * KS * 16 <= 2 * 2 * OXM_KT, "the merge reuses the key and value buffers");
+  // keys and values of two tiles; at the end, the warps' contexts (16 rows each)
+  __shared__ __align__(16) float smem[2 * 2 * OXM_KT * OXM_PAD];
+  __shared__ float wm[QG * KS][16], wl[QG * KS][16];
+  __shared__ int wbad[QG * KS][16];
+  float(*sk)[OXM_KT][OXM_PAD] = reinterpret_cast<float(*)[OXM_KT][OXM_PAD]>(smem);
+  float(*sv)[OXM_KT][OXM_PAD] = sk + 2;
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int qg = w / KS, part = w % KS;
+  const int b = blockIdx.y / heads, n = blockIdx.y % heads;
+  q += b * qb + n * qn;
+  k += b * kb + n * kn;
+  v += b * vb + n * vn;
+  o += b * ob + n * on;
+  const int row0 = blockIdx.x * 16 * QG + qg * 16;  // the warp's first query
+  const int r0 = row0 + g;  // this thread's rows: r0 and r0 + 8
+  const float NEG_INF = __uint_as_float(0xff800000u);
+#define OXM_FETCH(T0, BUF)                                                  \
+  _Pragma("unroll") for (int it = 0; it < OXM_KT * 16 / NT; ++it) {         \
+    const int idx = tid + it * NT, row = idx >> 4, c4 = (idx & 15) << 2;    \
+    const bool in = (T0) + row < T;                                         \
+    const long long at = in ? (long long)((T0) + row) : 0;                  \
+    oxm_cp16(&sk[BUF][row][c4], k + at * ks + c4, in);                      \
+    oxm_cp16(&sv[BUF][row][c4], v + at * vs + c4, in);                      \
+  }                                                                         \
+  asm volatile("cp.async.commit_group;");
+  const int tiles = (T + OXM_KT - 1) / OXM_KT;
+  if (tiles > 0) {
+    OXM_FETCH(0, 0)
+  }
+  unsigned qa[8][4];
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const int c = kk * 8 + tq;
+    qa[kk][0] = oxm_tf32(r0 < S ? q[(long long)r0 * qs + c] : 0.f);
+    qa[kk][1] = oxm_tf32(r0 + 8 < S ? q[(long long)(r0 + 8) * qs + c] : 0.f);
+    qa[kk][2] = oxm_tf32(r0 < S ? q[(long long)r0 * qs + c + 4] : 0.f);
+    qa[kk][3] = oxm_tf32(r0 + 8 < S ? q[(long long)(r0 + 8) * qs + c + 4] : 0.f);
+  }
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, acc[8][4];
+  bool bad[2] = {false, false};
+#pragma unroll
+  for (int nn = 0; nn < 8; ++nn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nn][e] = 0.f;
+  long long arow[2];
+#pragma unroll
+  for (int i2 = 0; i2 < 2; ++i2) arow[i2] = b * a0 + n * a1 + (long long)(r0 + 8 * i2) * a2;
+  const int kw = 8 * NW * part + 2 * tq;  // this thread's first key within a tile
+  float ad[2][NW][2];
+#define OXM_TERM(T0)                                                           \
+  _Pragma("unroll") for (int i2 = 0; i2 < 2; ++i2)                             \
+  _Pragma("unroll") for (int j = 0; j < NW; ++j)                               \
+  _Pragma("unroll") for (int e = 0; e < 2; ++e) {                              \
+    const int t = (T0) + kw + 8 * j + e;                                       \
+    ad[i2][j][e] = (add && t < T && r0 + 8 * i2 < S) ? add[arow[i2] + t * a3] : 0.f; \
+  }
+  OXM_TERM(0)
+  for (int i = 0; i < tiles; ++i) {
+    const int buf = i & 1, t0 = i * OXM_KT;
+    if (i + 1 < tiles) {
+      OXM_FETCH(t0 + OXM_KT, buf ^ 1)
+      asm volatile("cp.async.wait_group 1;");
+    } else {
+      asm volatile("cp.async.wait_group 0;");
+    }
+    __syncthreads();
+    // scores of the warp's keys: even and odd head-dim steps apart, so the mmas chain 4 deep
+    float x[NW][4], xb[NW][4];
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[j][e] = xb[j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 8; kk += 2)
+#pragma unroll
+      for (int j = 0; j < NW; ++j) {
+        const float* krow = &sk[buf][8 * NW * part + 8 * j + g][tq + kk * 8];
+        oxm_mma(x[j], qa[kk], oxm_tf32(krow[0]), oxm_tf32(krow[4]));
+        oxm_mma(xb[j], qa[kk + 1], oxm_tf32(krow[8]), oxm_tf32(krow[12]));
+      }
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[j][e] += xb[j][e];
+#pragma unroll
+    for (int i2 = 0; i2 < 2; ++i2) {
+      const int s = r0 + 8 * i2;
+      float tile_max = NEG_INF;
+#pragma unroll
+      for (int j = 0; j < NW; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int t = t0 + kw + 8 * j + e;
+          float u = NEG_INF;  // past the keys: no weight
+          if (t < T && s < S) {
+            u = x[j][2 * i2 + e] * scale + ad[i2][j][e];
+            if (causal && t > s + (T - S)) u += filter;
+            if (isnan(u)) bad[i2] = true;
+            tile_max = u > tile_max ? u : tile_max;
+          }
+          x[j][2 * i2 + e] = u;
+        }
+#pragma unroll
+      for (int d = 1; d < 4; d <<= 1) {
+        const float o2 = __shfl_xor_sync(0xffffffffu, tile_max, d);
+        tile_max = o2 > tile_max ? o2 : tile_max;
+      }
+      const float mn = tile_max > m[i2] ? tile_max : m[i2];
+      const bool finite = isfinite(mn);
+      const float factor = (m[i2] == NEG_INF || !finite) ? 0.f : expf(m[i2] - mn);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < NW; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = finite ? expf(x[j][2 * i2 + e] - mn) : 0.f;
+          x[j][2 * i2 + e] = p;
+          sum += p;
+        }
+#pragma unroll
+      for (int d = 1; d < 4; d <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+      if (mn == __uint_as_float(0x7f800000u)) bad[i2] = true;  // +inf: inf - inf in the row
+      l[i2] = l[i2] * factor + sum;
+      m[i2] = mn;
+#pragma unroll
+      for (int nn = 0; nn < 8; ++nn) {
+        acc[nn][2 * i2] *= factor;
+        acc[nn][2 * i2 + 1] *= factor;
+      }
+    }
+    OXM_TERM(t0 + OXM_KT)  // the next tile's (none past the keys)
+    // keys past T have p = 0 and zero-filled values
+#pragma unroll
+    for (int j = 0; j < NW; ++j) {
+      const unsigned pa[4] = {oxm_tf32(x[j][0]), oxm_tf32(x[j][2]), oxm_tf32(x[j][1]),
+                              oxm_tf32(x[j][3])};
+      const float* v0 = &sv[buf][kw + 8 * j][g];
+#pragma unroll
+      for (int nn = 0; nn < 8; ++nn)
+        oxm_mma(acc[nn], pa, oxm_tf32(v0[nn * 8]), oxm_tf32(v0[OXM_PAD + nn * 8]));
+    }
+    __syncthreads();  // the next iteration's fetch overwrites this buffer
+  }
+  // merge the parts of each query group: row max M = max m, each scaled by exp(m - M) / sum
+  if (tq == 0) {
+#pragma unroll
+    for (int i2 = 0; i2 < 2; ++i2) {
+      wm[w][g + 8 * i2] = m[i2];
+      wl[w][g + 8 * i2] = l[i2];
+    }
+  }
+#pragma unroll
+  for (int i2 = 0; i2 < 2; ++i2) {  // any lane of the row may have seen a NaN
+    const unsigned any = __ballot_sync(0xffffffffu, bad[i2]);
+    if (tq == 0) wbad[w][g + 8 * i2] = ((any >> (4 * g)) & 15u) != 0;
+  }
+  __syncthreads();
+  float(*ctx)[16][OXM_PAD] = reinterpret_cast<float(*)[16][OXM_PAD]>(smem);
+  const int w0 = qg * KS;  // the group's first warp
+#pragma unroll
+  for (int i2 = 0; i2 < 2; ++i2) {
+    const int row = g + 8 * i2;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int u = w0; u < w0 + KS; ++u) mx = wm[u][row] > mx ? wm[u][row] : mx;
+    float total = 0.f;
+#pragma unroll
+    for (int u = w0; u < w0 + KS; ++u)
+      total += wm[u][row] == NEG_INF ? 0.f : wl[u][row] * expf(wm[u][row] - mx);
+    const float f = (m[i2] == NEG_INF || total == 0.f) ? 0.f : expf(m[i2] - mx) / total;
+#pragma unroll
+    for (int nn = 0; nn < 8; ++nn) {
+      ctx[w][row][nn * 8 + 2 * tq] = acc[nn][2 * i2] * f;
+      ctx[w][row][nn * 8 + 2 * tq + 1] = acc[nn][2 * i2 + 1] * f;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int it = 0; it < QG * 16 * 64 / NT; ++it) {
+    const int idx = tid + it * NT, grp = idx >> 10, row = (idx >> 6) & 15, col = idx & 63;
+    const int s = blockIdx.x * 16 * QG + grp * 16 + row;
+    if (s >= S) continue;
+    bool undefined = false, any_key = false;
+    float y = 0.f;
+#pragma unroll
+    for (int u = grp * KS; u < grp * KS + KS; ++u) {
+      undefined |= wbad[u][row] != 0;
+      any_key |= wm[u][row] != NEG_INF;
+      y += ctx[u][row][col];
+    }
+    // as oxa_fused_f32: no finite maximum is a NaN row of the unfused kernel; no keys, zeros
+    undefined = T > 0 && (undefined || !any_key);
+    o[(long long)s * os + col] =
+        undefined ? (zero_nan ? 0.f : __uint_as_float(0x7fc00000u)) : y;
+  }
+}
+"""
+_MMA_ENTRY = r"""
+extern "C" __global__ void __launch_bounds__({nt}) oxa_mma_f32_{qg}x{ks}(
+    const float* q, const float* k, const float* v, float* o, long long qb, long long qs,
+    long long qn, long long kb, long long ks, long long kn, long long vb, long long vs,
+    long long vn, long long ob, long long os, long long on, const float* add, long long a0,
+    long long a1, long long a2, long long a3, int heads, int S, int T, float scale, int causal,
+    float filter, int zero_nan) {{
+  oxa_mma_f32<{qg}, {ks}>(q, k, v, o, qb, qs, qn, kb, ks, kn, vb, vs, vn, ob, os, on, add, a0,
+                          a1, a2, a3, heads, S, T, scale, causal, filter, zero_nan);
+}}
+"""
+MMA_HEAD = 64  # the head size (Q/K and V) of the tensor-core kernel
+MMA_MIN_BATCH = 1  # the smallest batch it runs at (below, the in-place GEMMs)
+# (query groups, key parts) per block: the kernel's shapes
+MMA_SHAPES = ((1, 4), (2, 2))
+# (a module of its own: mma.sync on TF32 and cp.async need sm_80, the SIMT kernel does not)
+FUSED_ATTENTION_MMA = F._RowModule(
+    _MMA_SRC + "".join(_MMA_ENTRY.format(qg=a, ks=c, nt=32 * a * c) for a, c in MMA_SHAPES)
+)
+
+
+def mma_shape(s: int, heads: int, sms: int) -> tuple[int, int]:
+    """The block shape of the tensor-core kernel for ``heads`` (batch x heads) of ``s``
+    queries: 2 query groups sharing each tile, with the keys split 2 ways, where that gives
+    every SM a block; else 1 group with the keys split 4 ways, for more warps per SM. Measured
+    on an H100 (GPT-2, 128 tokens, µs per node): b1 8.4 (1x4), 11.8 (2x2), 13.5 (4x2);
+    b8 23.9 (1x4), 16.4 (2x2), 18.5 (4x2)."""
+    return (2, 2) if -(-s // 32) * heads >= sms else (1, 4)
+
+
 FUSED_HEAD_MAX = 64  # head sizes (Q/K and V) the fused kernel takes
-stats = {"fused_f32": 0}  # Attention nodes prepared with the fused float32 kernel
+# Attention nodes prepared with a fused float32 kernel (of which on tensor cores)
+stats = {"fused_f32": 0, "fused_f32_mma": 0}
 FUSED_ATTENTION = F._RowModule(
     F.ROWS_SRC + _FUSED_SRC + "".join(_FUSED_ENTRY.format(qt=qt, nt=4 * qt) for qt in (16, 32))
 )
@@ -637,20 +919,37 @@ class Attention(_AttentionBase):
         return bound_calls(calls)
 
     def _fused_f32_applies(self, qkv: Any, dims: tuple) -> bool:
-        """float32 on the GPU beyond batch 1 with heads of at most 64: the fused kernel
-        (``FUSED_ATTENTION``) instead of four head copies and two GEMMs around the masked
-        softmax. At batch 1 the GEMMs read the heads in place, and measured faster (GPT-2 b1
-        fp32 on an H100: 862 µs of GPU time per run with the fused kernel at 24 µs per node,
-        0.79 ms for a whole IOBinding + graph run with the GEMMs)."""
-        b, n, s, h, hv = dims
+        """float32 on the GPU with heads of at most 64: a fused kernel instead of four head
+        copies and two GEMMs around the masked softmax; on tensor cores (``_mma_applies``) at
+        any batch, in FMA beyond batch 1 only. At batch 1 the GEMMs read the heads in place,
+        and measured faster than the FMA kernel (GPT-2 b1 fp32 on an H100: 862 µs of GPU time
+        per run with it at 24 µs per node, 0.79 ms for a whole IOBinding + graph run with the
+        GEMMs)."""
+        b, n, s, h, hv = dims[:5]
         return (
-            b > 1
+            (b > 1 or (b >= MMA_MIN_BATCH and self._mma_applies(qkv, dims)))
             and self.xp is not np
             and qkv.dtype == np.float32
             and 0 < h <= FUSED_HEAD_MAX
             and hv <= FUSED_HEAD_MAX
             and s > 0
             and b * n <= 65535  # the grid's y dim
+        )
+
+    def _mma_applies(self, qkv: Any, dims: tuple) -> bool:
+        """The tensor-core kernel (``FUSED_ATTENTION_MMA``): TF32 allowed (``use_tf32``), an
+        sm_80 or later device, heads of 64, and keys and values in 16-byte rows (cp.async)."""
+        b, n, s, h, hv = dims[:5]
+        total, dq = qkv.shape[1], h * n
+        return (
+            bool(self.ep.options.use_tf32)
+            and self.xp is not np
+            and qkv.dtype == np.float32
+            and h == hv == MMA_HEAD
+            and total % 4 == 0
+            and dq % 4 == 0
+            and int(qkv.data.ptr) % 16 == 0
+            and _compute_capability(self.ep.ordinal) >= 8
         )
 
     def _fused_f32(self, qkv: Any, y: Any, add: Any, dims: tuple, scale: float, sh: int) -> Any:
@@ -661,10 +960,9 @@ class Attention(_AttentionBase):
         total, isz = qkv.shape[1], qkv.dtype.itemsize
         base = int(qkv.data.ptr)
         strides = _term_strides(add)
-        # a grid of at least two blocks per SM where the batch allows: smaller query tiles
-        qt = 16 if -(-s // 32) * b * n < 2 * _multiprocessors(self.ep.ordinal) else 32
+        sms = _multiprocessors(self.ep.ordinal)
         i64 = np.int64
-        args = (
+        head = (
             np.uint64(base),
             np.uint64(base + dq * isz),
             np.uint64(base + (dq + dk) * isz),
@@ -676,14 +974,23 @@ class Attention(_AttentionBase):
             np.int32(n),
             np.int32(s),
             np.int32(s),
-            np.int32(h),
-            np.int32(hv),
+        )
+        tail = (
             np.float32(scale),
             np.int32(self.causal and add is None),  # else the term holds the causal mask
             np.float32(self.mask_filter),
             np.int32(self.zero_nan),
         )
+        if self._mma_applies(qkv, dims[:5]):
+            stats["fused_f32_mma"] += 1
+            qg, ks = mma_shape(s, b * n, sms)
+            fn = FUSED_ATTENTION_MMA.function(self.xp, f"oxa_mma_f32_{qg}x{ks}")
+            grid = (-(-s // (16 * qg)), b * n)
+            return function_launch(fn, grid, (32 * qg * ks,), head + tail, sh)
+        # a grid of at least two blocks per SM where the batch allows: smaller query tiles
+        qt = 16 if -(-s // 32) * b * n < 2 * sms else 32
         fn = FUSED_ATTENTION.function(self.xp, f"oxa_fused_f32_q{qt}")
+        args = (*head, np.int32(h), np.int32(hv), *tail)
         return function_launch(fn, (-(-s // qt), b * n), (4 * qt,), args, sh)
 
     def _fused_sdpa(
@@ -890,6 +1197,12 @@ def _multiprocessors(ordinal: int) -> int:
     """The SMs of CUDA device ``ordinal`` (132 on an H100)."""
     devices, _ = probe_devices()
     return next((d.multiprocessors for d in devices if d.ordinal == ordinal), 132)
+
+
+def _compute_capability(ordinal: int) -> int:
+    """The major compute capability of CUDA device ``ordinal`` (0 when unknown)."""
+    devices, _ = probe_devices()
+    return next((d.major for d in devices if d.ordinal == ordinal), 0)
 
 
 _UNSUPPORTED = object()
