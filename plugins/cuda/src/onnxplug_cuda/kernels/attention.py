@@ -209,6 +209,18 @@ __device__ void oxa_fused_f32(
     rv[it] = (in && hl < HV) ? v[(long long)((T0) + j) * vs + hl] : 0.f;      \
   }
   OXA_FETCH(0)
+  // the additive term of a tile, loaded a tile ahead, all at once (as in oxa_mma_f32)
+  long long arow[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) arow[i] = b * a0 + n * a1 + (long long)(s0 + r0 + i) * a2;
+  float ad[2][4];
+#define OXA_TERM(T0)                                                                  \
+  _Pragma("unroll") for (int i = 0; i < 2; ++i)                                       \
+  _Pragma("unroll") for (int j = 0; j < 4; ++j) {                                     \
+    const int t = (T0) + c + 8 * j;                                                   \
+    ad[i][j] = (add && t < T && s0 + r0 + i < S) ? add[arow[i] + t * a3] : 0.f;       \
+  }
+  OXA_TERM(0)
   float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, acc[2][8];
   bool bad[2] = {false, false};
 #pragma unroll
@@ -256,8 +268,7 @@ __device__ void oxa_fused_f32(
         const int t = t0 + c + 8 * j;
         float u = NEG_INF;  // past the keys: no weight
         if (t < T && s < S) {
-          u = x[i][j] * scale;
-          if (add) u += add[b * a0 + n * a1 + s * a2 + t * a3];
+          u = x[i][j] * scale + ad[i][j];
           if (causal && t > s + (T - S)) u += filter;
           if (isnan(u)) bad[i] = true;
           tile_max = u > tile_max ? u : tile_max;
@@ -287,6 +298,7 @@ __device__ void oxa_fused_f32(
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[i][e] *= factor;
     }
+    OXA_TERM(t0 + OXA_KT)  // the next tile's (none past the keys)
     __syncthreads();
     // keys past T have p = 0 and zero values: whole float4s of keys
     const int kt4 = (min(OXA_KT, T - t0) + 3) & ~3;
