@@ -10,7 +10,9 @@ median latencies (ms, 100 runs after 10 warm-ups, synchronised after each run):
 Columns: onnxplug plain ``run()`` eager (numpy in, numpy out), plain ``run()`` with
 ``enable_cuda_graph=1`` (replayed per shape signature), IOBinding with CUDA graphs (inputs
 updated in place, outputs bound: onnxruntime's recipe); PyTorch eager and PyTorch CUDA-graph
-replay measured in the same run; onnxruntime's figures from ../shared/anchors. Also the host
+replay measured in the same run; onnxruntime's figures from ../shared/anchors; the GPU time
+of one replayed IOBinding run (its kernels' µs summed, CUPTI through PyTorch's profiler) beside
+issue 8's goal for the row (0.75x the best of onnxruntime's and PyTorch's graph). Also the host
 cost of one run of a tiny model, and (``--profile``) host and GPU µs per op. Needs torch,
 torchvision and transformers (the GPU machine has them); onnxplug itself never imports torch.
 """
@@ -18,6 +20,7 @@ torchvision and transformers (the GPU machine has them); onnxplug itself never i
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -164,6 +167,37 @@ def check(path: str, feeds: dict[str, np.ndarray], fp16: bool) -> dict[str, Any]
     return out
 
 
+def gpu_trace(call: Any, runs: int) -> dict[str, list[float]]:
+    """GPU µs of each kernel and copy of ``runs`` calls of ``call`` (after 5 warm-up calls):
+    CUPTI through PyTorch's profiler, which traces every kernel of the process (CuPy's,
+    cuBLASLt's, cuDNN's) and the kernels of replayed CUDA graphs."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            call()
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = collections.defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            per[e.name].append(e.device_time)
+    return per
+
+
+def gpu_us_per_run(call: Any, runs: int = 20) -> float | None:
+    """The GPU time of one call: its kernels' and copies' µs summed (no launch gaps); None
+    without PyTorch (the tracer)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    return sum(sum(v) for v in gpu_trace(call, runs).values()) / runs
+
+
 def bench_onnxplug(path: str, feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
     """Plain run() eager, plain run() with CUDA graphs, IOBinding with CUDA graphs (onnxruntime's
     documented recipe: inputs updated in place, outputs bound); the graph outputs checked against
@@ -195,6 +229,8 @@ def bench_onnxplug(path: str, feeds: dict[str, np.ndarray], runs: int) -> dict[s
     res["iobind_graph"] = med_ms(
         lambda: graph.run_with_iobinding(io), lambda: io.synchronize_outputs(), runs
     )
+    # the replayed graph's GPU time: the IOBinding run moves no data, so this is the model's
+    res["iobind_graph_gpu_us"] = gpu_us_per_run(lambda: graph.run_with_iobinding(io))
     return res
 
 
@@ -348,6 +384,13 @@ ANCHORS = {
 }
 
 
+def gpu_goal_us(row: dict[str, Any]) -> float | None:
+    """Issue 8's goal for a row: GPU time per run at most 0.75x the best of onnxruntime's and
+    PyTorch's CUDA-graph latency (µs); None without either figure."""
+    best = [row[k] for k in ("ort_graph", "torch_graph") if isinstance(row.get(k), float)]
+    return 750 * min(best) if best else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet50,bert_base,gpt2")
@@ -399,9 +442,10 @@ def main() -> int:
     print()
     print(
         "| model | batch | dtype | run() eager | run() + graph | IOBinding + graph | torch eager "
-        "| torch graph | ORT run() | ORT IOBinding + graph | graph == eager |"
+        "| torch graph | ORT run() | ORT IOBinding + graph | graph == eager | GPU µs per run "
+        "| goal µs | met |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
             print(f"| {r['model']} | {r['batch']} | {r['dtype']} | ERROR: {r['error'][:120]} |")
@@ -412,10 +456,14 @@ def main() -> int:
             return f"{v:.3g}" if isinstance(v, float) else "-"
 
         same = r.get("graph_equals_eager") and r.get("iobind_graph_equals_eager")
+        gpu, goal = r.get("iobind_graph_gpu_us"), gpu_goal_us(r)
+        met = "-" if gpu is None or goal is None else ("yes" if gpu <= goal else "no")
         print(
             f"| {r['model']} | {r['batch']} | {r['dtype']} | {f('run_eager')} | {f('run_graph')} "
             f"| {f('iobind_graph')} | {f('torch_eager')} | {f('torch_graph')} | {f('ort_run')} "
-            f"| {f('ort_graph')} | {'yes' if same else 'NO'} |"
+            f"| {f('ort_graph')} | {'yes' if same else 'NO'} "
+            f"| {'-' if gpu is None else f'{gpu:.1f}'} | {'-' if goal is None else f'{goal:.0f}'} "
+            f"| {met} |"
         )
     print()
     print("tiny model (Relu 1x16), host µs per run:", {k: round(v, 1) for k, v in tiny.items()})

@@ -12,7 +12,6 @@ or 8.
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
 import os
 import sys
@@ -23,28 +22,9 @@ import numpy as np
 import onnxplug as ox
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-from models import export_all, feeds_for, model_path, to_fp16, torch_graph, torch_model
+from models import export_all, feeds_for, gpu_trace, model_path, to_fp16, torch_graph, torch_model
 
 CUDA = "CUDAExecutionProvider"
-
-
-def trace(call: Any, runs: int) -> dict[str, list[float]]:
-    """GPU µs of each kernel launched by ``runs`` calls of ``call`` (after 5 warm-up calls)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            call()
-        torch.cuda.synchronize()
-    per: dict[str, list[float]] = collections.defaultdict(list)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
-            per[e.name].append(e.device_time)
-    return per
 
 
 def trace_torch(name: str, feeds: dict[str, np.ndarray], args: Any) -> dict[str, list[float]]:
@@ -53,7 +33,7 @@ def trace_torch(name: str, feeds: dict[str, np.ndarray], args: Any) -> dict[str,
 
     with torch.inference_mode():
         call = torch_model(name, feeds, args.fp16)
-        return trace(torch_graph(call) if args.graph else call, args.runs)
+        return gpu_trace(torch_graph(call) if args.graph else call, args.runs)
 
 
 def report(title: str, per: dict[str, list[float]], args: Any) -> None:
@@ -92,7 +72,7 @@ def main() -> int:
         s = ox.InferenceSession(path, providers=[(CUDA, opts), "CPUExecutionProvider"])
         report(
             f"{name} b{b} {dt} {mode}",
-            trace(functools.partial(s.run, None, feeds), args.runs),
+            gpu_trace(functools.partial(s.run, None, feeds), args.runs),
             args,
         )
         if args.torch:
