@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import Fail, InvalidArgument
 from .kernel import Kernel, KernelContext, KernelInfo
-from .memory import CPU, Device, DeviceTensor, allocate_tensor
+from .memory import CPU, Device, DeviceTensor, allocate_tensor, allocate_tensors_in_block
 from .profiler import active_profiler
 from .stream import DataTransferManager, device_of
 
@@ -60,6 +60,23 @@ def place(
         value = np.ascontiguousarray(value)
     transfer.copy(value, out_t, stream)
     return out_t
+
+
+def place_in_one_block(
+    values: list[np.ndarray],
+    device: Device,
+    transfer: DataTransferManager,
+    allocators: dict[Device, Any],
+) -> list[DeviceTensor]:
+    """Arrays (initializers) copied to ``device`` into one block reserved for them all
+    (``memory.allocate_tensors_in_block``), each a tensor the executor hands out every run."""
+    specs = [(v.shape, v.dtype) for v in values]
+    tensors = allocate_tensors_in_block(allocators[device], specs)
+    for v, t in zip(values, tensors):
+        # (not unconditionally: ascontiguousarray turns a 0-d array into shape (1,))
+        transfer.copy(v if v.flags.c_contiguous else np.ascontiguousarray(v), t, None)
+        t.stable_view = {}  # the same tensor every run: views are kept
+    return tensors
 
 
 def to_host(value: Any, transfer: DataTransferManager) -> Any:

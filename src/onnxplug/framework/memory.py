@@ -254,6 +254,32 @@ def allocate_tensor(
     return DeviceTensor(allocator.memory_info.device, dt, tuple(shape), alloc.ptr, alloc)
 
 
+# where each tensor of a shared block starts (cudaMalloc's own alignment; cuBLASLt and cuDNN
+# want at least 16 bytes)
+BLOCK_ALIGN = 256
+
+
+def allocate_tensors_in_block(
+    allocator: Allocator, specs: list[tuple[tuple[int, ...], Any]]
+) -> list[DeviceTensor]:
+    """Tensors of the given (shape, dtype)s in one block reserved from ``allocator``, each
+    starting on a ``BLOCK_ALIGN`` boundary; the block is freed when the last of them goes.
+    For initializers: one reservation per device instead of one per tensor (each cudaMalloc
+    cost 1.3 ms of ResNet-50's session creation, 108 of them), as onnxruntime plans them."""
+    offsets, total = [], 0
+    for shape, dtype in specs:
+        offsets.append(total)
+        nbytes = _numel(tuple(shape)) * np.dtype(dtype).itemsize
+        total += -(-nbytes // BLOCK_ALIGN) * BLOCK_ALIGN
+    alloc = allocate(allocator, total, None, reserve=True)
+    device = allocator.memory_info.device
+    block = DeviceTensor(device, np.uint8, (total,), alloc.ptr, alloc)
+    return [
+        DeviceTensor(device, dtype, tuple(shape), alloc.ptr + off if alloc.ptr else 0, block)
+        for (shape, dtype), off in zip(specs, offsets)
+    ]
+
+
 class _HostBuffer:
     __slots__ = ("__array_interface__", "keep")
 

@@ -16,9 +16,11 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..ep.api import Ep, GraphView, has_kernel_sync_stream, supports
 from ..errors import Fail, InvalidGraph, NotImplemented, OnnxPlugError
-from ..framework.control_flow import SubgraphRunner, place
+from ..framework.control_flow import SubgraphRunner, place, place_in_one_block
 from ..framework.copy_kernels import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, CopyKernel
 from ..framework.executor import (
     NONDETERMINISTIC_OPS,
@@ -271,6 +273,7 @@ def build_runner(
     for name in feed_names:
         slot(name)
     constants: dict[int, Any] = {}
+    to_place: dict[Device, list[tuple[int, np.ndarray]]] = {}  # initializers for a device
     copies: dict[tuple[str, Device], str] = {}
     steps_nodes: list[tuple[Node, Assignment | None, list[str]]] = []
     counter = itertools.count()
@@ -300,13 +303,12 @@ def build_runner(
             if key not in copies:
                 cname = name if dev.is_cpu else f"{name}@{dev}"
                 copies[key] = cname
-                value = place(
-                    graph.initializers[name],
-                    dev,
-                    ctx.transfer,
-                    _allocators(ctx, dev),
-                    reserve=True,
-                )
+                value = graph.initializers[name]
+                if not dev.is_cpu and isinstance(value, np.ndarray) and value.dtype != object:
+                    # placed with the device's other initializers, in one block, below
+                    to_place.setdefault(dev, []).append((slot(cname), value))
+                    return cname
+                value = place(value, dev, ctx.transfer, _allocators(ctx, dev), reserve=True)
                 if isinstance(value, DeviceTensor):
                     value.stable_view = {}  # the same tensor every run: views are kept
                 constants[slot(cname)] = value
@@ -358,6 +360,9 @@ def build_runner(
         if vi.name in graph.initializers:
             value_on(vi.name, CPU)
             slot_of.setdefault(vi.name, slot_of[copies[(vi.name, CPU)]])
+    for dev, items in to_place.items():
+        placed = place_in_one_block([v for _, v in items], dev, ctx.transfer, _allocators(ctx, dev))
+        constants.update(zip((s for s, _ in items), placed))
 
     # steps ------------------------------------------------------------------------------------
     specs: list[StepSpec] = []
