@@ -5,10 +5,9 @@ The cuDNN path (``onnxplug_cuda.dnn``) builds one frontend graph per shape: conv
 conv_dgrad for ConvTranspose. What follows the convolution (bias, FusedConv's residual Z and
 activation) is one elementwise kernel (``epilogue``), as onnxruntime does by default: with
 ``fuse_conv_bias=1`` the bias, Z and ReLU go into the cuDNN graph instead, which cuDNN compiles
-at run time (slow to build, and slower than the plain engines for float32 on an H100: ResNet-50
-b1 replayed in 1.44 ms fused vs 1.22 ms unfused), falling back to the plain graph and the
-epilogue where cuDNN has no engine for the fused one. The fallback runs
-when cuDNN is off (``enable_cudnn=0``), missing, or cannot build a graph for the case. It also
+at run time (slow to build; docs/providers/cuda.md has the measured run times, which changed
+between an earlier session and session 7), falling back to the plain graph and the epilogue
+where cuDNN has no engine for the fused one. The fallback runs when cuDNN is off (``enable_cudnn=0``), missing, or cannot build a graph for the case. It also
 runs under the host simulation. It lowers the convolution to the provider's GEMM engine:
 * Conv: the padded input's windows are gathered into columns (one copy through a strided view),
   then one GEMM per group.
