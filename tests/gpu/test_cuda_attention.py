@@ -118,6 +118,24 @@ def test_sdpa_kernel_selects_the_fused_attention(bits, fused):
     assert (dnn.stats["attention"] > before) == fused
 
 
+def _float32_feeds(b: int, s: int, d: int, heads: int, mask: str, filter_value) -> dict:
+    """Inputs of the float32 Attention tests: x, and a 2-D padding mask (batch 0 wholly
+    masked with a -inf filter), a 3-D mask or an attention bias."""
+    rng = np.random.default_rng(heads * 100 + s)
+    feeds = {"x": rng.standard_normal((b, s, d)).astype(np.float32)}
+    if mask == "2d":
+        m = np.ones((b, s), np.int32)
+        m[-1, s // 3 :] = 0
+        if filter_value == float("-inf"):
+            m[0, :] = 0  # every key of batch 0 masked: undefined rows
+        feeds["mask"] = m
+    elif mask == "3d":
+        feeds["mask"] = (rng.random((b, s, s)) > 0.3).astype(np.int32)
+    else:
+        feeds["attn_bias"] = rng.standard_normal((b, 1, s, s)).astype(np.float32)
+    return feeds
+
+
 @pytest.mark.parametrize(
     "heads,d,b,s,mask,causal,filter_value",
     [
@@ -136,18 +154,7 @@ def test_fused_float32_attention_matches_cpu(heads, d, b, s, mask, causal, filte
     from onnxplug_cuda.kernels import attention
 
     model = _attention_model(b, s, d, heads, mask, causal, np.float32, filter_value)
-    rng = np.random.default_rng(heads * 100 + s)
-    feeds = {"x": rng.standard_normal((b, s, d)).astype(np.float32)}
-    if mask == "2d":
-        m = np.ones((b, s), np.int32)
-        m[-1, s // 3 :] = 0
-        if filter_value == float("-inf"):
-            m[0, :] = 0  # every key of batch 0 masked: undefined rows
-        feeds["mask"] = m
-    elif mask == "3d":
-        feeds["mask"] = (rng.random((b, s, s)) > 0.3).astype(np.int32)
-    else:
-        feeds["attn_bias"] = rng.standard_normal((b, 1, s, s)).astype(np.float32)
+    feeds = _float32_feeds(b, s, d, heads, mask, filter_value)
     before = dict(attention.stats)
     cuda = ox.InferenceSession(model, providers=[(CUDA, {"use_tf32": "0"}), CPU])
     cpu = ox.InferenceSession(model, providers=[CPU])
@@ -180,18 +187,7 @@ def test_tensor_core_attention_matches_cpu(heads, b, s, mask, causal, filter_val
 
     d = 64 * heads
     model = _attention_model(b, s, d, heads, mask, causal, np.float32, filter_value)
-    rng = np.random.default_rng(heads * 100 + s)
-    feeds = {"x": rng.standard_normal((b, s, d)).astype(np.float32)}
-    if mask == "2d":
-        m = np.ones((b, s), np.int32)
-        m[-1, s // 3 :] = 0
-        if filter_value == float("-inf"):
-            m[0, :] = 0  # every key of batch 0 masked: undefined rows
-        feeds["mask"] = m
-    elif mask == "3d":
-        feeds["mask"] = (rng.random((b, s, s)) > 0.3).astype(np.int32)
-    else:
-        feeds["attn_bias"] = rng.standard_normal((b, 1, s, s)).astype(np.float32)
+    feeds = _float32_feeds(b, s, d, heads, mask, filter_value)
     before = attention.stats["fused_f32_mma"]
     cuda = ox.InferenceSession(model, providers=[CUDA, CPU])
     want = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)[0]

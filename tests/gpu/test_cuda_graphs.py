@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tests.conftest import run_in_threads
 from tests.gpu._cuda import CPU, CUDA, cuda_marks
 
 import onnxplug as ox
@@ -93,24 +94,6 @@ def with_id(gid: int) -> ox.RunOptions:
 
 def rand(*shape: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def in_threads(worker, n: int) -> list[BaseException]:
-    """Run ``worker(k)`` on threads k = 0..n-1 and return what they raised."""
-    errors: list[BaseException] = []
-
-    def guarded(k: int) -> None:
-        try:
-            worker(k)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
 
 
 def states(sess: ox.InferenceSession) -> list[str]:
@@ -202,17 +185,14 @@ def test_two_threads_capture_their_own_graphs():
     model = block()
     sess = graph_session(model)
     eager = ox.InferenceSession(model, providers=[CUDA, CPU])
-    barrier = threading.Barrier(2)
 
-    def worker(k: int) -> None:
-        barrier.wait()
+    def worker(k: int) -> None:  # (run_in_threads starts the threads together)
         for i in range(8):
             x = rand(2, 8, 32, seed=100 * k + i)
             (y,) = sess.run(None, {"x": x})
             np.testing.assert_array_equal(y, eager.run(None, {"x": x})[0])
 
-    errors = in_threads(worker, 2)
-    assert not errors, errors[0]
+    run_in_threads(worker, 2)  # re-raises a thread's failure
 
 
 def test_threads_with_their_own_iobindings_synchronise_without_breaking_captures():
@@ -243,8 +223,7 @@ def test_threads_with_their_own_iobindings_synchronise_without_breaking_captures
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an abandoned capture warns
-        errors = in_threads(worker, 4)
-    assert not errors, errors[0]
+        run_in_threads(worker, 4)  # re-raises a thread's failure
 
 
 def test_piecewise_capture_around_a_host_node():
