@@ -4,6 +4,7 @@ per-process cache), twice in a row (the second process finds what the first left
 
     python benchmarks/cold_start.py [--models resnet50,bert_base,gpt2] [--out DIR]
                                     [--cprofile N] [--trace-imports torch,scipy]
+                                    [--cuda-options k=v,...] [--processes N]
 
 Models come from benchmarks/models.py's export (batch 1, fp32). ``--cprofile N`` also prints the
 N most expensive functions (cumulative) of creation and first run, from a third process.
@@ -43,6 +44,7 @@ sys.path.insert(0, "benchmarks")
 from models import feeds_for, model_path
 t_import = time.perf_counter() - t0
 name, out, prof = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cuda = dict(kv.split("=", 1) for kv in sys.argv[4].split(",") if kv)
 feeds = feeds_for(name, 1)
 path = model_path(out, name, 1)
 if prof:
@@ -50,7 +52,7 @@ if prof:
     pr, pr_run = cProfile.Profile(), cProfile.Profile()
     pr.enable()
 t1 = time.perf_counter()
-s = ox.InferenceSession(path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+s = ox.InferenceSession(path, providers=[("CUDAExecutionProvider", cuda), "CPUExecutionProvider"])
 t2 = time.perf_counter()
 if prof:
     pr.disable()
@@ -71,11 +73,11 @@ print(json.dumps({"import_s": t_import, "create_s": t2 - t1, "first_ms": (t3 - t
 """
 
 
-def child(name: str, out: str, prof: int = 0, trace: str = "") -> dict:
+def child(name: str, out: str, prof: int = 0, trace: str = "", options: str = "") -> dict:
     env = {**os.environ, "ONNXPLUG_TRACE_IMPORTS": trace} if trace else None
     t0 = time.perf_counter()
     p = subprocess.run(
-        [sys.executable, "-c", _CHILD, name, out, str(prof)],
+        [sys.executable, "-c", _CHILD, name, out, str(prof), options],
         capture_output=True,
         text=True,
         check=False,
@@ -97,6 +99,8 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/onnxplug_models")
     ap.add_argument("--cprofile", type=int, default=0, help="print the N top functions")
     ap.add_argument("--trace-imports", default="", help="packages (a,b): where first imported")
+    ap.add_argument("--cuda-options", default="", help="k=v,... CUDA provider options")
+    ap.add_argument("--processes", type=int, default=2, help="fresh processes per model")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = args.models.split(",")
@@ -106,13 +110,15 @@ def main() -> int:
     export_all(args.out, names)
     rows = []
     for name in names:
-        for proc in ("first process", "second process"):
-            r = child(name, args.out)
+        for k in range(args.processes):
+            proc = ("first process", "second process")[k] if k < 2 else f"process {k + 1}"
+            r = child(name, args.out, options=args.cuda_options)
             r.update(model=name, process=proc)
             print(json.dumps(r), flush=True)
             rows.append(r)
         if args.cprofile or args.trace_imports:
-            child(name, args.out, args.cprofile, args.trace_imports)
+            r = child(name, args.out, args.cprofile, args.trace_imports, args.cuda_options)
+            print(f"profiled process (not in the table): {json.dumps(r)}", flush=True)
     print(
         "\n| model | process | import (s) | create (s) | first run (ms) | second run (ms) "
         "| create + first run (s) | whole process (s) | ORT create (s) | ORT first run (ms) |"

@@ -37,13 +37,13 @@ def test_folder_option_then_environment_then_user_cache(monkeypatch, tmp_path):
 
 def test_results_survive_the_process_and_merge_with_other_writers(tmp_path):
     a = dnn.TuningCache(str(tmp_path), "H100 sm90 cudnn 91900")
-    a.put("k1", [3, 10, "plan3"])
+    a.put("k1", [3, 10, "plan3", 0.01])
     b = dnn.TuningCache(str(tmp_path), "H100 sm90 cudnn 91900")
-    b.put("k2", [0, 4, "plan0"])
+    b.put("k2", [0, 4, "plan0", 0.02])
     a.flush()
     b.flush()  # merges with what a wrote
     c = dnn.TuningCache(str(tmp_path), "H100 sm90 cudnn 91900")
-    assert c.get("k1") == [3, 10, "plan3"] and c.get("k2") == [0, 4, "plan0"]
+    assert c.get("k1") == [3, 10, "plan3", 0.01] and c.get("k2") == [0, 4, "plan0", 0.02]
     # another device or library version reads nothing of it
     assert dnn.TuningCache(str(tmp_path), "A100 sm80 cudnn 91900").get("k1") is None
 
@@ -101,18 +101,72 @@ def engine(tmp_path):
 
 def test_a_cached_plan_is_the_only_one_built(engine):
     g = _PlanList(["eng0", "eng1", "eng2"])
-    engine._remember(g, "conv", 2)
+    engine._remember(g, "conv", 2, 0.0125)
     again = _PlanList(["eng0", "eng1", "eng2"])
     hits = dnn.stats["tuning_cache_hits"]
-    assert engine._cached_plan(again, "conv") == 2
+    assert engine._cached_plan(again, "conv") == (2, 0.0125)  # the plan and its time
     assert again.built == [2] and dnn.stats["tuning_cache_hits"] == hits + 1
 
 
 @pytest.mark.parametrize("names", [["eng0", "eng1"], ["eng0", "eng1", "other"]])
 def test_a_stale_plan_is_ignored(engine, names):
-    engine._remember(_PlanList(["eng0", "eng1", "eng2"]), "conv", 2)
-    assert engine._cached_plan(_PlanList(names), "conv") is None
-    assert engine._cached_plan(_PlanList(names), "another graph") is None
+    engine._remember(_PlanList(["eng0", "eng1", "eng2"]), "conv", 2, 0.01)
+    assert engine._cached_plan(_PlanList(names), "conv") == (None, None)
+    assert engine._cached_plan(_PlanList(names), "another graph") == (None, None)
+
+
+def test_an_entry_without_a_time_is_tuned_again(engine):
+    """Entries written before the plan's time was kept (index, count, name) are not used:
+    the fused-or-plain choice needs the time."""
+    engine.cache.put("conv", [2, 3, "eng2"])
+    g = _PlanList(["eng0", "eng1", "eng2"])
+    assert engine._cached_plan(g, "conv") == (None, None) and g.built == []
+
+
+def _spec(**kw) -> dnn.ConvSpec:
+    import numpy as np
+
+    base = dict(
+        kind="fprop", dtype=np.dtype(np.float16), x=(1, 64, 56, 56), w=(64, 64, 1, 1),
+        y=(1, 64, 56, 56), pads_begin=(0, 0), pads_end=(0, 0), strides=(1, 1),
+        dilations=(1, 1), channels_last=True,
+    )  # fmt: skip
+    return dnn.ConvSpec(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("fused_ms", "plain_ms", "pays"),
+    [
+        (0.0090, 0.0080, True),  # 1 µs slower than the plain graph, but the epilogue costs more
+        (0.0200, 0.0060, False),  # the fused engine is slower than plain + epilogue
+        (None, 0.0060, True),  # not timed (HEURISTIC search): the fusion is taken
+        (0.0200, None, True),
+    ],
+)
+def test_an_optional_fusion_runs_where_it_pays(fused_ms, plain_ms, pays):
+    """Bias + ReLU fused on a shipped engine runs only where its timed plan is not slower
+    than the plain graph's plus the epilogue kernel it saves (``_epilogue_ms``)."""
+    eng = object.__new__(dnn.CudnnConv)
+    eng.ordinal, eng._pays = 0, {}
+    plain = _spec()
+    fused = _spec(bias=True, relu=True, precompiled=True)
+    eng._graphs = {
+        (0, fused): dnn._Graph(None, 0, 0, None, fused_ms),
+        (0, plain): dnn._Graph(None, 0, 0, None, plain_ms),
+    }
+    ptrs = {dnn._UID_X: 0, dnn._UID_W: 0, dnn._UID_Y: 0, dnn._UID_B: 0}
+    assert eng._fusion_pays(None, fused, plain, ptrs) is pays
+    assert eng._pays == {fused: pays}  # decided once
+    y_bytes = 64 * 56 * 56 * 2
+    assert dnn._epilogue_ms(plain) == pytest.approx(2e-3 + 2 * y_bytes / 2e9)
+
+
+def test_an_optional_fusion_without_an_engine_is_not_taken():
+    eng = object.__new__(dnn.CudnnConv)
+    eng.ordinal, eng._pays = 0, {}
+    plain, fused = _spec(), _spec(bias=True, precompiled=True)
+    eng._graphs = {(0, fused): None, (0, plain): dnn._Graph(None, 0, 0, None, 0.005)}
+    assert eng._fusion_pays(None, fused, plain, {}) is False
 
 
 def test_cudnn_is_imported_without_importing_torch(tmp_path):

@@ -48,8 +48,9 @@ def test_residual_block_fused_on_cuda(size, act, dtype, fuse):
     before = dict(dnn.stats)
     got, want, _ = run_cuda_and_cpu(model, feeds, {**EXACT32, "fuse_conv_bias": fuse})
     assert dnn.stats["fallback"] == before["fallback"]
-    if fuse == "0":  # the plain graphs only; fused ones may be unsupported and fall back
-        assert dnn.stats["fused"] == before["fused"]
+    if fuse == "0":  # no graph that cuDNN may compile at run time
+        jit = dnn.stats["fused"] - dnn.stats["fused_precompiled"]
+        assert jit == before["fused"] - before["fused_precompiled"]
     tol = 1e-4 if dtype == np.float32 else 2e-2
     np.testing.assert_allclose(
         got[0].astype(np.float32), want[0].astype(np.float32), rtol=tol, atol=tol
@@ -67,8 +68,25 @@ def test_resnet50_shaped_model_on_cuda(fuse):
     so = ox.SessionOptions()
     so.graph_optimization_level = ox.GraphOptimizationLevel.ORT_DISABLE_ALL
     want = ox.InferenceSession(model, so, providers=[CPU]).run(None, feeds)[0]
+    from onnxplug_cuda import dnn
+
+    before = dict(dnn.stats)
     got, _, _ = run_cuda_and_cpu(model, feeds, {**EXACT32, "fuse_conv_bias": fuse})
     np.testing.assert_allclose(got[0], want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
+    precompiled = dnn.stats["fused_precompiled"] - before["fused_precompiled"]
+    if fuse == "1":
+        assert precompiled == 0
+    else:
+        assert dnn.stats["fused"] - before["fused"] == precompiled  # nothing compiled at run time
+        if _sm() >= 90:  # an H100 has shipped engines for Conv + bias + ReLU (NHWC, float32)
+            assert precompiled > 0
+
+
+def _sm() -> int:
+    from onnxplug_cuda.runtime import probe_devices
+
+    info = probe_devices()[0][0]
+    return info.major * 10 + info.minor
 
 
 _TUNED_PROCESS = """

@@ -3,11 +3,17 @@ output_padding/output_shape) on cuDNN, with an im2col/col2im + GEMM fallback.
 
 The cuDNN path (``onnxplug_cuda.dnn``) builds one frontend graph per shape: conv_fprop for Conv,
 conv_dgrad for ConvTranspose. What follows the convolution (bias, FusedConv's residual Z and
-activation) is one elementwise kernel (``epilogue``), as onnxruntime does by default: with
-``fuse_conv_bias=1`` the bias, Z and ReLU go into the cuDNN graph instead, which cuDNN compiles
-at run time (slow to build; docs/providers/cuda.md has the measured run times, which changed
-between an earlier session and session 7), falling back to the plain graph and the epilogue
-where cuDNN has no engine for the fused one. The fallback runs when cuDNN is off (``enable_cudnn=0``), missing, or cannot build a graph for the case. It also
+activation):
+* ``fuse_conv_bias=0`` (onnxruntime's default: no engine compiled at run time): a convolution
+  without a residual gets its bias and ReLU inside the cuDNN graph where cuDNN ships a compiled
+  engine for that fusion (the H100 has them at ResNet-50's shapes, float16 and float32); else,
+  and always for a residual or another activation, one elementwise kernel (``epilogue``) follows
+  the plain graph.
+* ``fuse_conv_bias=1``: bias, Z and ReLU go into the cuDNN graph, which cuDNN compiles at run
+  time where no shipped engine has them (slower to build; docs/providers/cuda.md has measured
+  times), falling back as above where cuDNN has no engine for the fused graph.
+
+The fallback runs when cuDNN is off (``enable_cudnn=0``), missing, or cannot build a graph for the case. It also
 runs under the host simulation. It lowers the convolution to the provider's GEMM engine:
 * Conv: the padded input's windows are gathered into columns (one copy through a strided view),
   then one GEMM per group.
@@ -294,6 +300,19 @@ class _ConvBase(CudaKernel):
                     self.last_path = "cudnn"
                     if self.activation not in (None, "Relu"):
                         self._epilogue(False, False)(self.xp, None, None, y, self.channels_last)
+                    return
+            elif (
+                z is None
+                and self.activation in (None, "Relu")
+                and (b is not None or self.activation)
+            ):
+                # bias and ReLU where cuDNN has an engine for them that needs no compiling,
+                # and it is not slower than the plain graph and the epilogue
+                fused = dataclasses.replace(
+                    geo.spec, bias=b is not None, relu=self.activation == "Relu", precompiled=True
+                )
+                if self.dnn.run(ctx, fused, x, w, b, y, None, plain=geo.spec):
+                    self.last_path = "cudnn"
                     return
             if self.dnn.run(ctx, geo.spec, x, w, None, y, None):
                 self.last_path = "cudnn"
