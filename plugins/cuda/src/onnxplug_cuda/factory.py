@@ -33,7 +33,12 @@ from onnxplug.ep import (
 
 from .ep import NAME, CudaEp, create_ep
 from .options import ArenaSettings, CudaOptions, arena_settings
-from .runtime import CudaDeviceInfo, probe_devices
+from .runtime import (
+    CudaDeviceInfo,
+    create_context_in_background,
+    init_driver_in_background,
+    probe_devices,
+)
 
 NVIDIA = 0x10DE
 
@@ -59,6 +64,7 @@ class CudaEpFactory(EpFactory):
 
     # devices ------------------------------------------------------------------------------------
     def probe(self) -> tuple[list[CudaDeviceInfo], str | None]:
+        init_driver_in_background()  # while cuda.bindings imports
         return probe_devices()
 
     def get_supported_devices(self, hardware: list[HardwareDevice]) -> list[EpDevice]:
@@ -104,6 +110,7 @@ class CudaEpFactory(EpFactory):
         with self._lock:
             b = self._backends.get(ordinal)
             if b is None:
+                create_context_in_background(ordinal)  # while CuPy imports
                 from .backend import CupyBackend
 
                 b = self._backends[ordinal] = CupyBackend(
