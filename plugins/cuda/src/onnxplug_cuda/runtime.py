@@ -170,6 +170,10 @@ def probe_devices() -> tuple[list[CudaDeviceInfo], str | None]:
 _driver_thread: threading.Thread | None = None
 
 
+def _libcuda() -> Any:
+    return ctypes.CDLL("libcuda.so.1")
+
+
 def init_driver_in_background() -> None:
     """Start the driver's initialisation (``cuInit``: 0.1-0.25 s measured on H100 hosts) on a
     helper thread, through ctypes, which releases the GIL and imports nothing, so that
@@ -187,7 +191,7 @@ def init_driver_in_background() -> None:
 
 def _init_driver() -> None:
     try:
-        ctypes.CDLL("libcuda.so.1").cuInit(0)
+        _libcuda().cuInit(0)
     except Exception:  # no driver here: the probe says so
         pass
 
@@ -196,26 +200,31 @@ _context_threads: dict[int, threading.Thread] = {}
 
 
 def create_context_in_background(ordinal: int) -> None:
-    """Start creating device ``ordinal``'s primary CUDA context on a helper thread
-    (``cudaFree(0)``: about 0.1 s of driver work, with the GIL released), so that what a session
-    does next on the host (importing CuPy, optimising the graph) overlaps it. Nothing waits for
-    the thread: the driver makes a CUDA call that needs the context wait until it exists, and
-    a failure here is met again, and reported, by that call. Once per device and process."""
+    """Start creating device ``ordinal``'s primary CUDA context on a helper thread (driver
+    calls through ctypes: ``cuDevicePrimaryCtxRetain``, about 0.1 s of driver work with the
+    GIL released), so that what a session does next on the host (importing CuPy, optimising
+    the graph) overlaps it. Only the driver API is called there: the runtime of cuda.bindings
+    called from a helper thread left process exit crashing now and then ("double free",
+    in 4 of 8 runs of benchmarks/models.py on an H100, 0 of 10 without that thread). The retain is
+    kept for the process's life, as the runtime keeps its own. Nothing waits for the thread:
+    the driver makes a call that needs the context wait until it exists, and a failure here is
+    met again, and reported, by that call. Once per device and process."""
     with _probe_lock:
         if ordinal in _context_threads:
             return
         t = _context_threads[ordinal] = threading.Thread(
-            target=_create_context, args=(ordinal,), name=f"onnxplug-cuda-context-{ordinal}"
+            target=_retain_primary_context, args=(ordinal,), name=f"onnxplug-cuda-ctx-{ordinal}"
         )
         t.daemon = True
     t.start()
 
 
-def _create_context(ordinal: int) -> None:
+def _retain_primary_context(ordinal: int) -> None:
     try:
-        rt = cudart()
-        if int(rt.cudaSetDevice(ordinal)[0]) == 0:
-            rt.cudaFree(0)
+        cuda = _libcuda()
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0:
+            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
     except Exception:  # the session's own first CUDA call reports it
         pass
 
