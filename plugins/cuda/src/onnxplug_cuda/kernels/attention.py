@@ -154,6 +154,42 @@ extern "C" __global__ void oxa_softmax_w32_{k}({S}* x, const {W}* bias, long lon
   oxa_softmax_warp<{Tr}, 32>(x, bias, b0, b1, b2, b3, heads, S, T, rows, causal, filter, zero_nan);
 }}
 """
+_ONLINE_SOFTMAX_SRC = r"""
+// The online-softmax arithmetic both fused float32 attention kernels share (oxa_fused_f32 on
+// FMA, oxa_mma_f32 on tensor cores), one definition so that their results agree.
+// One key's score: q.k scaled, plus the additive term, plus the causal filter past the
+// diagonal; a NaN marks the row undefined.
+__device__ __forceinline__ float oxa_score(float qk, float scale, float term, bool filtered,
+                                           float filter, bool& bad) {
+  float u = qk * scale + term;
+  if (filtered) u += filter;
+  if (isnan(u)) bad = true;
+  return u;
+}
+// A tile's step of a row: the new running max from the tile's max, whether it is finite (an
+// all -inf row so far gives weights 0), and the factor rescaling what was accumulated before
+// (0 where there was nothing).
+struct OxaStep {
+  float mn;
+  bool finite;
+  float factor;
+};
+__device__ __forceinline__ OxaStep oxa_step(float m, float tile_max) {
+  OxaStep st;
+  st.mn = tile_max > m ? tile_max : m;
+  st.finite = isfinite(st.mn);
+  st.factor = (m == __uint_as_float(0xff800000u) || !st.finite) ? 0.f : expf(m - st.mn);
+  return st;
+}
+// The row's running max and sum after the tile (its weights summing to sum); a +inf max
+// (inf - inf in the row) marks the row undefined.
+__device__ __forceinline__ void oxa_update(float& m, float& l, bool& bad, OxaStep st, float sum) {
+  if (st.mn == __uint_as_float(0x7f800000u)) bad = true;
+  l = l * st.factor + sum;
+  m = st.mn;
+}
+"""
+
 _FUSED_SRC = r"""
 // Fused float32 attention: one block per (batch x head, tile of QT queries); the keys and
 // values pass through shared memory in tiles of 32, with an online softmax (running row max
@@ -268,9 +304,7 @@ __device__ void oxa_fused_f32(
         const int t = t0 + c + 8 * j;
         float u = NEG_INF;  // past the keys: no weight
         if (t < T && s < S) {
-          u = x[i][j] * scale + ad[i][j];
-          if (causal && t > s + (T - S)) u += filter;
-          if (isnan(u)) bad[i] = true;
+          u = oxa_score(x[i][j], scale, ad[i][j], causal && t > s + (T - S), filter, bad[i]);
           tile_max = u > tile_max ? u : tile_max;
         }
         x[i][j] = u;
@@ -280,23 +314,19 @@ __device__ void oxa_fused_f32(
         const float w = __shfl_xor_sync(0xffffffffu, tile_max, d);
         tile_max = w > tile_max ? w : tile_max;
       }
-      const float mn = tile_max > m[i] ? tile_max : m[i];
-      const bool finite = isfinite(mn);
-      const float factor = (m[i] == NEG_INF || !finite) ? 0.f : expf(m[i] - mn);
+      const OxaStep st = oxa_step(m[i], tile_max);
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float p = finite ? expf(x[i][j] - mn) : 0.f;
+        const float p = st.finite ? expf(x[i][j] - st.mn) : 0.f;
         sp[r0 + i][c + 8 * j] = p;
         sum += p;
       }
 #pragma unroll
       for (int d = 4; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-      if (mn == __uint_as_float(0x7f800000u)) bad[i] = true;  // +inf: inf - inf in the row
-      l[i] = l[i] * factor + sum;
-      m[i] = mn;
+      oxa_update(m[i], l[i], bad[i], st, sum);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[i][e] *= factor;
+      for (int e = 0; e < 8; ++e) acc[i][e] *= st.factor;
     }
     OXA_TERM(t0 + OXA_KT)  // the next tile's (none past the keys)
     __syncthreads();
@@ -494,9 +524,8 @@ __device__ void oxa_mma_f32(
           const int t = t0 + kw + 8 * j + e;
           float u = NEG_INF;  // past the keys: no weight
           if (t < T && s < S) {
-            u = x[j][2 * i2 + e] * scale + ad[i2][j][e];
-            if (causal && t > s + (T - S)) u += filter;
-            if (isnan(u)) bad[i2] = true;
+            const bool filtered = causal && t > s + (T - S);
+            u = oxa_score(x[j][2 * i2 + e], scale, ad[i2][j][e], filtered, filter, bad[i2]);
             tile_max = u > tile_max ? u : tile_max;
           }
           x[j][2 * i2 + e] = u;
@@ -506,27 +535,23 @@ __device__ void oxa_mma_f32(
         const float o2 = __shfl_xor_sync(0xffffffffu, tile_max, d);
         tile_max = o2 > tile_max ? o2 : tile_max;
       }
-      const float mn = tile_max > m[i2] ? tile_max : m[i2];
-      const bool finite = isfinite(mn);
-      const float factor = (m[i2] == NEG_INF || !finite) ? 0.f : expf(m[i2] - mn);
+      const OxaStep st = oxa_step(m[i2], tile_max);
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < NW; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float p = finite ? expf(x[j][2 * i2 + e] - mn) : 0.f;
+          const float p = st.finite ? expf(x[j][2 * i2 + e] - st.mn) : 0.f;
           x[j][2 * i2 + e] = p;
           sum += p;
         }
 #pragma unroll
       for (int d = 1; d < 4; d <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-      if (mn == __uint_as_float(0x7f800000u)) bad[i2] = true;  // +inf: inf - inf in the row
-      l[i2] = l[i2] * factor + sum;
-      m[i2] = mn;
+      oxa_update(m[i2], l[i2], bad[i2], st, sum);
 #pragma unroll
       for (int nn = 0; nn < 8; ++nn) {
-        acc[nn][2 * i2] *= factor;
-        acc[nn][2 * i2 + 1] *= factor;
+        acc[nn][2 * i2] *= st.factor;
+        acc[nn][2 * i2 + 1] *= st.factor;
       }
     }
     OXM_TERM(t0 + OXM_KT)  // the next tile's (none past the keys)
@@ -613,7 +638,9 @@ MMA_MIN_BATCH = 1  # the smallest batch it runs at (below, the in-place GEMMs)
 MMA_SHAPES = ((1, 4), (2, 2))
 # (a module of its own: mma.sync on TF32 and cp.async need sm_80, the SIMT kernel does not)
 FUSED_ATTENTION_MMA = F._RowModule(
-    _MMA_SRC + "".join(_MMA_ENTRY.format(qg=a, ks=c, nt=32 * a * c) for a, c in MMA_SHAPES)
+    _ONLINE_SOFTMAX_SRC
+    + _MMA_SRC
+    + "".join(_MMA_ENTRY.format(qg=a, ks=c, nt=32 * a * c) for a, c in MMA_SHAPES)
 )
 
 
@@ -630,7 +657,10 @@ FUSED_HEAD_MAX = 64  # head sizes (Q/K and V) the fused kernel takes
 # launches of a fused float32 attention kernel set up (of which on tensor cores)
 stats = {"fused_f32": 0, "fused_f32_mma": 0}
 FUSED_ATTENTION = F._RowModule(
-    F.ROWS_SRC + _FUSED_SRC + "".join(_FUSED_ENTRY.format(qt=qt, nt=4 * qt) for qt in (16, 32))
+    F.ROWS_SRC
+    + _ONLINE_SOFTMAX_SRC
+    + _FUSED_SRC
+    + "".join(_FUSED_ENTRY.format(qt=qt, nt=4 * qt) for qt in (16, 32))
 )
 
 
