@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 import threading
@@ -22,6 +23,20 @@ import onnxplug  # noqa: E402
 from tests.plugins import virtual_device as vd  # noqa: E402
 
 VIRT = "tests.plugins.virtual_device"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests' on-disk caches (the CUDA provider's autotune results) go to a folder of their
+    own: tests tuned while other test processes share the GPU must not leave their timings in
+    the user's cache, where a later benchmark would reuse them."""
+    old = os.environ.get("ONNXPLUG_CACHE_DIR")
+    os.environ["ONNXPLUG_CACHE_DIR"] = str(tmp_path_factory.mktemp("onnxplug-cache"))
+    yield
+    if old is None:
+        del os.environ["ONNXPLUG_CACHE_DIR"]
+    else:
+        os.environ["ONNXPLUG_CACHE_DIR"] = old
 
 
 def doc_recipe(doc: str, name: str) -> str:

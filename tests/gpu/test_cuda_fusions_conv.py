@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -132,6 +133,54 @@ def test_tuning_cache_serves_a_second_process(tmp_path):
     np.testing.assert_allclose(
         np.load(tmp_path / "y2.npy"), np.load(tmp_path / "y1.npy"), rtol=1e-5
     )
+
+
+class _TimedPlans:
+    """A frontend graph's plan interface for ``dnn._time_plans``: plan i spends ``host_s[i]``
+    seconds on the host and then ``gpu_ns[i]`` nanoseconds on the GPU per call."""
+
+    def __init__(self, host_s: list[float], gpu_ns: list[int], stream: int):
+        self.host_s, self.gpu_ns, self.stream = host_s, gpu_ns, stream
+
+    def get_workspace_size_plan_at_index(self, i: int) -> int:
+        return 0
+
+    def _execute_plan_at_index(self, ptrs, ws, i, handle) -> None:
+        from onnxplug_cuda import dnn
+
+        time.sleep(self.host_s[i])
+        dnn._hold_gpu(self.stream, self.gpu_ns[i])
+
+
+def test_exhaustive_search_times_gpu_work_not_host_launches():
+    """Plan 0 costs the host 0.5 ms per call and the GPU 5 us; plan 1 the host nothing and the
+    GPU 100 us. Timed one call at a time on an idle GPU, plan 0 looked slower (its host time
+    was inside the events); the search must pick plan 0, at about its GPU time, also when the
+    host's enqueueing outlasts the first hold of the GPU."""
+    import cupy
+
+    from onnxplug_cuda import dnn
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    class Stream:
+        cupy_stream, handle, cudnn = stream, stream.ptr, None
+
+    class Ctx:
+        stream = Stream()
+
+        def scratch(self, n: int):
+            return cupy.empty(n, cupy.uint8).data
+
+    plans = _TimedPlans([5e-4, 0.0], [5_000, 100_000], stream.ptr)
+    times = dnn._time_plans(Ctx(), plans, {}, [0, 1])
+    assert times[0] < 0.05 and times[1] > 0.09, times
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(stream)
+    dnn._hold_gpu(stream.ptr, 1_000_000)
+    end.record(stream)
+    end.synchronize()
+    assert cupy.cuda.get_elapsed_time(start, end) >= 0.95
 
 
 def test_transpose_matmul_fuses_on_cuda():
