@@ -27,16 +27,20 @@ VIRT = "tests.plugins.virtual_device"
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The tests' on-disk caches (the CUDA provider's autotune results) go to a folder of their
-    own: tests tuned while other test processes share the GPU must not leave their timings in
-    the user's cache, where a later benchmark would reuse them."""
-    old = os.environ.get("ONNXPLUG_CACHE_DIR")
+    """The CUDA provider's autotune results go to a folder of the tests' own: tests tuned while
+    other test processes share the GPU must not leave their timings in the user's cache, where
+    a later benchmark would reuse them. Compiled kernels stay in CuPy's cache (child processes
+    would compile every kernel again in a new folder)."""
+    saved = {k: os.environ.get(k) for k in ("ONNXPLUG_CACHE_DIR", "CUPY_CACHE_DIR")}
     os.environ["ONNXPLUG_CACHE_DIR"] = str(tmp_path_factory.mktemp("onnxplug-cache"))
+    if "CUPY_CACHE_IN_MEMORY" not in os.environ:
+        os.environ.setdefault("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache"))
     yield
-    if old is None:
-        del os.environ["ONNXPLUG_CACHE_DIR"]
-    else:
-        os.environ["ONNXPLUG_CACHE_DIR"] = old
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def doc_recipe(doc: str, name: str) -> str:

@@ -1,6 +1,7 @@
-"""The CUDA plugin's on-disk autotune cache (onnxplug_cuda.dnn.TuningCache): where it lives, how
-it is turned off, that results survive a process and that a stale or foreign result is ignored.
-Runs on the host: the cuDNN graph is a stand-in with the frontend's plan-list methods."""
+"""The CUDA plugin's on-disk caches (onnxplug_cuda.cache): where they live, how they are
+turned off, that autotune results survive a process and that a stale or foreign result is
+ignored, and that $ONNXPLUG_CACHE_DIR moves CuPy's kernel cache. Runs on the host: the cuDNN
+graph is a stand-in with the frontend's plan-list methods."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from onnxplug_cuda import dnn
+from onnxplug_cuda import cache, dnn
 
 # a child process finds the plugin where this one does (tests/conftest.py may have put it there)
 PLUGIN_PATH = os.path.dirname(os.path.dirname(os.path.abspath(dnn.__file__)))
@@ -187,3 +188,29 @@ def test_cudnn_is_imported_without_importing_torch(tmp_path):
         "assert torch.__file__.startswith(sys.argv[1])\n"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env=_env(str(tmp_path)))
+
+
+def test_kernels_follow_the_cache_folder_variable(tmp_path):
+    """$ONNXPLUG_CACHE_DIR moves CuPy's kernel cache into its kernels/ folder, or into memory
+    for "off"; CuPy's own variables win, and without ours CuPy's default stays."""
+    env = {"ONNXPLUG_CACHE_DIR": str(tmp_path)}
+    cache.use_cache_folder_for_kernels(env)
+    assert env["CUPY_CACHE_DIR"] == str(tmp_path / "kernels") and "CUPY_CACHE_IN_MEMORY" not in env
+    for off in ("off", ""):
+        env = {"ONNXPLUG_CACHE_DIR": off}
+        cache.use_cache_folder_for_kernels(env)
+        assert env == {"ONNXPLUG_CACHE_DIR": off, "CUPY_CACHE_IN_MEMORY": "1"}
+    for mine in ({"CUPY_CACHE_DIR": "/mine"}, {"CUPY_CACHE_IN_MEMORY": "0"}, {}):
+        env = {**mine, **({"ONNXPLUG_CACHE_DIR": str(tmp_path)} if mine else {})}
+        before = dict(env)
+        cache.use_cache_folder_for_kernels(env)
+        assert env == before
+
+
+def test_importing_the_plugin_sets_the_kernel_cache_folder(tmp_path):
+    env = {k: v for k, v in _env().items() if not k.startswith("CUPY_CACHE")}
+    env["ONNXPLUG_CACHE_DIR"] = str(tmp_path)
+    code = "import os, onnxplug_cuda; print(os.environ['CUPY_CACHE_DIR'])"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == str(tmp_path / "kernels")

@@ -135,6 +135,49 @@ def test_tuning_cache_serves_a_second_process(tmp_path):
     )
 
 
+_KERNEL_PROCESS = """
+import os, sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+import onnxplug as ox
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1000])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1000])
+nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=1), helper.make_node("Relu", ["s"], ["y"])]
+model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+s = ox.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+feed = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
+out = s.run(None, {"x": feed})[0]
+np.testing.assert_allclose(out, np.exp(feed) / np.exp(feed).sum(1, keepdims=True), rtol=1e-5)
+print(os.environ.get("CUPY_CACHE_DIR"), os.environ.get("CUPY_CACHE_IN_MEMORY"))
+"""
+
+
+def test_compiled_kernels_kept_in_the_cache_folder(tmp_path):
+    """With $ONNXPLUG_CACHE_DIR set (CuPy's variables not), the kernels a run compiles are kept
+    in its kernels/ folder and a second process compiles none; "off" keeps them in memory."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUPY_CACHE")}
+
+    def process(folder: str) -> str:
+        p = subprocess.run(
+            [sys.executable, "-c", _KERNEL_PROCESS],
+            env={**env, "ONNXPLUG_CACHE_DIR": folder},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p.stdout.strip().splitlines()[-1]
+
+    kernels = tmp_path / "kernels"
+    assert process(str(tmp_path)) == f"{kernels} None"
+    first = sorted(os.listdir(kernels))
+    assert first
+    process(str(tmp_path))
+    assert sorted(os.listdir(kernels)) == first
+    assert process("off") == "None 1"
+
+
 class _TimedPlans:
     """A frontend graph's plan interface for ``dnn._time_plans``: plan i spends ``host_s[i]``
     seconds on the host and then ``gpu_ns[i]`` nanoseconds on the GPU per call."""

@@ -4,6 +4,10 @@ Installed, it registers ``CUDAExecutionProvider`` through the ``onnxplug.executi
 entry point; ``onnxplug.get_available_providers()`` lists it when a CUDA device is usable.
 """
 
-from .factory import CudaEpFactory, create_factory
+from .cache import use_cache_folder_for_kernels
+
+use_cache_folder_for_kernels()  # before CuPy compiles anything in this process
+
+from .factory import CudaEpFactory, create_factory  # noqa: E402
 
 __all__ = ["CudaEpFactory", "create_factory"]

@@ -53,13 +53,8 @@ list, another name) is ignored and the graph is tuned again.
 
 from __future__ import annotations
 
-import atexit
-import hashlib
-import json
 import math
-import os
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -70,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from .blas import BF16
+from .cache import TuningCache, cache_folder
 
 # Calls per path (cuDNN graph vs the kernels' own im2col/col2im + GEMM), for tests and diagnostics.
 # "fused": calls whose graph also did a bias, residual or ReLU (counted within "cudnn").
@@ -185,76 +181,6 @@ def import_cudnn() -> Any:
         if "torch" in sys.modules and sys.modules["torch"] is None:
             del sys.modules["torch"]
     return cudnn
-
-
-def cache_folder(option: str) -> str | None:
-    """The tuning cache's folder: the provider option, else $ONNXPLUG_CACHE_DIR, else the user's
-    cache folder; None when turned off."""
-    value = option or os.environ.get("ONNXPLUG_CACHE_DIR")
-    if value is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return os.path.join(base, "onnxplug")
-    if value.strip().lower() in ("", "0", "off", "none", "false"):
-        return None
-    return os.path.expanduser(value)
-
-
-class TuningCache:
-    """Autotune results of one device and library set, on disk between processes: a JSON object
-    of key -> result, read once and written back (merged with what other processes wrote, by an
-    atomic rename) at exit."""
-
-    def __init__(self, folder: str | None, fingerprint: str):
-        digest = hashlib.sha1(fingerprint.encode()).hexdigest()[:16]
-        self.path = os.path.join(folder, f"cudnn-conv-{digest}.json") if folder else None
-        self.fingerprint = fingerprint
-        self.entries: dict[str, Any] = self._read() if self.path else {}
-        self.new: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._registered = False
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            with open(self.path) as fh:  # type: ignore[arg-type]
-                data = json.load(fh)
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict) or data.get("fingerprint") != self.fingerprint:
-            return {}
-        entries = data.get("entries")
-        return entries if isinstance(entries, dict) else {}
-
-    def get(self, key: str) -> Any:
-        return self.entries.get(key)
-
-    def put(self, key: str, value: Any) -> None:
-        if self.path is None:
-            return
-        with self._lock:
-            self.entries[key] = self.new[key] = value
-            if not self._registered:
-                self._registered = True
-                atexit.register(self.flush)
-
-    def flush(self) -> None:
-        """Write the new entries (best effort: a cache that cannot be written is no cache)."""
-        with self._lock:
-            if self.path is None or not self.new:
-                return
-            try:
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                entries = {**self._read(), **self.new}
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
-                with os.fdopen(fd, "w") as fh:
-                    json.dump({"fingerprint": self.fingerprint, "entries": entries}, fh)
-                os.replace(tmp, self.path)
-                self.new.clear()
-            except OSError as e:
-                warnings.warn(
-                    f"onnxplug-cuda: cannot write the tuning cache {self.path}: {e}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
 
 
 class _Graph:
