@@ -311,6 +311,30 @@ def test_the_steady_state_runs_prepared_calls():
     assert "compute" not in calls.values(), calls
 
 
+@pytest.mark.parametrize("opts", [{}, {"prefer_nhwc": "1"}], ids=["nchw", "nhwc"])
+def test_pools_run_prepared_and_agree_with_replayed_graphs(opts):
+    """MaxPool and GlobalAveragePool (NCHW, and NHWC through prefer_nhwc) run prepared calls in
+    the steady state, match the CPU, and a replayed graph gives the eager session's bits from
+    its first run on (the first, unprepared run launches the same kernels)."""
+    model = conv()
+    x = rand(2, 3, 16, 16, seed=5)
+    eager = ox.InferenceSession(model, providers=[(CUDA, opts), CPU])
+    graph = graph_session(model, **opts)
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, {"x": x})[0]
+    for _ in range(3):
+        got = eager.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(graph.run(None, {"x": x})[0], got)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    frame = next(iter(eager._runner._signatures.values())).frames[0]
+    calls = {
+        spec.info.op_type: getattr(step[0], "__name__", "")
+        for step, spec in zip(frame.steps, frame.specs)
+        if spec is not None
+    }
+    pools = {k: v for k, v in calls.items() if "Pool" in k}
+    assert len(pools) == 2 and "compute" not in pools.values(), calls
+
+
 def test_steady_iobinding_replay_holds_its_copies_and_takes_the_bound_path(monkeypatch):
     """IOBinding bound once: the graph holds the copies from the bound input and to the bound
     output, a steady replay is one launch and one synchronisation through the bound path (the
