@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -142,23 +143,31 @@ extern "C" __global__ void NAME(const T* __restrict__ x, int D, int H, int W, in
 """
 _RAW_TYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
               np.dtype(np.float64): "double"}  # fmt: skip
-_raw_functions: dict[tuple[str, str, int], Any] = {}
+_functions: dict[tuple[str, int], Any] = {}
+
+
+def _compiled(xp: Any, name: str, source: Callable[[], str]) -> Any:
+    """Kernel ``name`` of the module ``source()`` writes, compiled once per device (a
+    function belongs to the device current when its module was loaded: the run's)."""
+    key = (name, xp.cuda.runtime.getDevice())
+    fn = _functions.get(key)
+    if fn is None:
+        module = xp.RawModule(code=source(), options=("--std=c++17",))
+        fn = _functions[key] = module.get_function(name)
+    return fn
 
 
 def _raw_pool_function(xp: Any, mode: str, dtype: np.dtype) -> Any:
-    device = xp.cuda.runtime.getDevice()
-    key = (mode, dtype.name, device)
-    fn = _raw_functions.get(key)
-    if fn is None:
+    name = f"oxp_{mode}pool_{dtype.name}"
+
+    def source() -> str:
         outs, body, tail = _MODES[mode]
-        acc = "double" if dtype == np.float64 else "float"
-        name = f"oxp_{mode}pool_{dtype.name}"
         loop = _LOOP.replace("BODY", body).replace("TAIL", tail)
         src = _RAW_POOL.replace("LOOP", loop).replace("ELEM", _RAW_TYPES[dtype])
-        src = src.replace("ACC", acc).replace("NAME", name).replace("CUDART_INF", "OX_INF")
-        module = xp.RawModule(code=src, options=("--std=c++17",))
-        fn = _raw_functions[key] = module.get_function(name)
-    return fn
+        acc = "double" if dtype == np.float64 else "float"
+        return src.replace("ACC", acc).replace("NAME", name).replace("CUDART_INF", "OX_INF")
+
+    return _compiled(xp, name, source)
 
 
 def _taps(kernel, strides, dilations, out_spatial):
@@ -507,22 +516,18 @@ _GLOBAL_STEPS = {
     "avg": ("acc += v;", "acc / (ACC)S"),
     "max": ("if (v > acc || v != v) acc = (acc != acc) ? acc : v;", "acc"),
 }
-_global_functions: dict[tuple[str, str, int], Any] = {}
 
 
 def _global_pool_function(xp: Any, mode: str, dtype: np.dtype) -> Any:
-    device = xp.cuda.runtime.getDevice()
-    key = (mode, dtype.name, device)
-    fn = _global_functions.get(key)
-    if fn is None:
+    name = f"oxp_global_{mode}pool_{dtype.name}"
+
+    def source() -> str:
         step, final = _GLOBAL_STEPS[mode]
-        name = f"oxp_global_{mode}pool_{dtype.name}"
         src = _GLOBAL_POOL.replace("STEP", step).replace("FINAL", final)
         src = src.replace("ELEM", _RAW_TYPES[dtype]).replace("NAME", name)
-        src = src.replace("ACC", "double" if dtype == np.float64 else "float")
-        module = xp.RawModule(code=src, options=("--std=c++17",))
-        fn = _global_functions[key] = module.get_function(name)
-    return fn
+        return src.replace("ACC", "double" if dtype == np.float64 else "float")
+
+    return _compiled(xp, name, source)
 
 
 # ``com.ms.internal.nhwc`` pools (the layout pass's channels-last rewrites of 2-D pools)
