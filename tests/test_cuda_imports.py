@@ -156,6 +156,35 @@ def test_a_background_import_runs_on_its_own_thread(blas, tmp_path, monkeypatch)
     import slow_mod_for_bg_import  # noqa: F401  (the module is there for the caller's import)
 
 
+def test_a_warm_up_runs_after_the_import_once_per_device(blas):
+    """``warm_up(ordinal)`` (cuBLASLt's first heuristic query, from the GPU backend) runs on a
+    thread of its own with the imported modules, once per device, never where the import
+    failed, and a warm-up that raises is swallowed (the first real use meets the error)."""
+    import threading
+
+    calls: list[tuple[tuple, int, str]] = []
+    done = threading.Semaphore(0)
+
+    def warm(modules: tuple, ordinal: int) -> None:
+        calls.append((modules, ordinal, threading.current_thread().name))
+        done.release()
+        if ordinal == 1:
+            raise RuntimeError("no such device")
+
+    bg = blas.BackgroundImport("json", warm=warm)
+    for ordinal in (0, 0, 1):
+        bg.warm_up(ordinal)
+    assert done.acquire(timeout=10) and done.acquire(timeout=10)
+    assert not done.acquire(timeout=0.2)  # device 0 once
+    assert sorted((c[1], c[2]) for c in calls) == [(0, "onnxplug-warm-0"), (1, "onnxplug-warm-1")]
+    assert all(c[0] == (sys.modules["json"],) for c in calls)
+    failed = blas.BackgroundImport("no_such_module_onnxplug_test.x", warm=warm)
+    failed.warm_up(2)
+    with pytest.raises(ModuleNotFoundError):
+        failed.modules()
+    assert not done.acquire(timeout=0.2) and all(c[1] != 2 for c in calls)
+
+
 def test_a_failed_background_import_is_raised_where_the_modules_are_needed(blas, monkeypatch):
     """nvmath missing: the engine's first use sees the ImportError, warns once and uses CuPy's
     matmul, as when it imported nvmath itself."""

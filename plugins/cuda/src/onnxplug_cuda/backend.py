@@ -39,6 +39,9 @@ class CupyBackend:
 
         self._launch = runtime.cudaGraphLaunch
         self._fast_launch = cupy.cuda.runtime.graphLaunch  # CuPy's Cython call: cheaper
+        # cuBLASLt's first heuristic query, beside the rest of the session's creation (after
+        # CuPy's import, whose library loading it would contend with)
+        NVMATH.warm_up(ordinal)
 
     can_capture = True
 

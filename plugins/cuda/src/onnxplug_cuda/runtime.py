@@ -219,14 +219,25 @@ def create_context_in_background(ordinal: int) -> None:
     t.start()
 
 
-def _retain_primary_context(ordinal: int) -> None:
+def _retain_primary_context(ordinal: int) -> ctypes.c_void_p | None:
+    """Device ``ordinal``'s primary context, retained (kept for the process's life); None
+    where the driver refuses (the session's own first CUDA call reports it)."""
     try:
         cuda = _libcuda()
         device, context = ctypes.c_int(), ctypes.c_void_p()
         if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0:
-            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
-    except Exception:  # the session's own first CUDA call reports it
+            if cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0:
+                return context
+    except Exception:
         pass
+    return None
+
+
+def make_primary_context_current(ordinal: int) -> bool:
+    """Make device ``ordinal``'s primary context current on this (helper) thread through the
+    driver API, retaining it as ``create_context_in_background`` does; False where it fails."""
+    context = _retain_primary_context(ordinal)
+    return context is not None and _libcuda().cuCtxSetCurrent(context) == 0
 
 
 class DeviceGuard:
