@@ -602,7 +602,6 @@ extern "C" __global__ void oxd_hold(unsigned long long ns) {
     } while (now - start < ns);
 }
 """
-_hold_kernels: dict[int, Any] = {}
 
 
 def _hold_gpu(stream: int, ns: float) -> None:
@@ -610,12 +609,9 @@ def _hold_gpu(stream: int, ns: float) -> None:
     global timer), so that work enqueued behind it runs back to back."""
     import cupy
 
-    from .launch import function_launch
+    from .launch import compiled_function, function_launch
 
-    device = cupy.cuda.runtime.getDevice()
-    kernel = _hold_kernels.get(device)
-    if kernel is None:
-        kernel = _hold_kernels[device] = cupy.RawKernel(_HOLD_SRC, "oxd_hold")
+    kernel = compiled_function(cupy, "oxd_hold", lambda: _HOLD_SRC)
     function_launch(kernel, (1,), (1,), (np.uint64(int(ns)),), stream)()
 
 

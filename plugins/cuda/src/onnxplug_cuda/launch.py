@@ -442,13 +442,28 @@ extern "C" __global__ void ox_copy_units_%(v)d_%(w)s(const %(u)s* src, %(u)s* ds
 }
 """
 _unit_copy_modules: dict[int, Any] = {}
-_unit_copy_lock = threading.Lock()
+_compile_lock = threading.Lock()
+_functions: dict[tuple[str, int], Any] = {}
+
+
+def compiled_function(xp: Any, name: str, source: Callable[[], str]) -> Any:
+    """Kernel ``name`` of the module ``source()`` writes (NVRTC, C++17), compiled once per
+    device: a function belongs to the device current when its module was loaded (the run's)."""
+    key = (name, xp.cuda.runtime.getDevice())
+    fn = _functions.get(key)
+    if fn is None:
+        with _compile_lock:
+            fn = _functions.get(key)
+            if fn is None:
+                module = xp.RawModule(code=source(), options=("--std=c++17",))
+                fn = _functions[key] = module.get_function(name)
+    return fn
 
 
 def _unit_copy_function(xp: Any, unit: int, wide: bool) -> Any:
     """The copy kernel moving ``unit``-byte units (one module per device, every variant)."""
     device = xp.cuda.runtime.getDevice()
-    with _unit_copy_lock:
+    with _compile_lock:
         mod = _unit_copy_modules.get(device)
         if mod is None:
             src = _UNIT_COPY_SRC + "".join(

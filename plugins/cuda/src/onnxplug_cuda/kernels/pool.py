@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from onnxplug.ep import NHWC_DOMAIN, KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
 
-from ..launch import function_launch
+from ..launch import compiled_function, function_launch
 from ._base import CudaKernel
 from .conv import nchw_dims, nhwc_dims, pad_spatial
 
@@ -143,18 +142,6 @@ extern "C" __global__ void NAME(const T* __restrict__ x, int D, int H, int W, in
 """
 _RAW_TYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
               np.dtype(np.float64): "double"}  # fmt: skip
-_functions: dict[tuple[str, int], Any] = {}
-
-
-def _compiled(xp: Any, name: str, source: Callable[[], str]) -> Any:
-    """Kernel ``name`` of the module ``source()`` writes, compiled once per device (a
-    function belongs to the device current when its module was loaded: the run's)."""
-    key = (name, xp.cuda.runtime.getDevice())
-    fn = _functions.get(key)
-    if fn is None:
-        module = xp.RawModule(code=source(), options=("--std=c++17",))
-        fn = _functions[key] = module.get_function(name)
-    return fn
 
 
 def _raw_pool_function(xp: Any, mode: str, dtype: np.dtype) -> Any:
@@ -167,7 +154,7 @@ def _raw_pool_function(xp: Any, mode: str, dtype: np.dtype) -> Any:
         acc = "double" if dtype == np.float64 else "float"
         return src.replace("ACC", acc).replace("NAME", name).replace("CUDART_INF", "OX_INF")
 
-    return _compiled(xp, name, source)
+    return compiled_function(xp, name, source)
 
 
 def _taps(kernel, strides, dilations, out_spatial):
@@ -527,7 +514,7 @@ def _global_pool_function(xp: Any, mode: str, dtype: np.dtype) -> Any:
         src = src.replace("ELEM", _RAW_TYPES[dtype]).replace("NAME", name)
         return src.replace("ACC", "double" if dtype == np.float64 else "float")
 
-    return _compiled(xp, name, source)
+    return compiled_function(xp, name, source)
 
 
 # ``com.ms.internal.nhwc`` pools (the layout pass's channels-last rewrites of 2-D pools)
