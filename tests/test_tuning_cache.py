@@ -1,7 +1,8 @@
 """The CUDA plugin's on-disk caches (onnxplug_cuda.cache): where they live, how they are
-turned off, that autotune results survive a process and that a stale or foreign result is
-ignored, and that $ONNXPLUG_CACHE_DIR moves CuPy's kernel cache. Runs on the host: the cuDNN
-graph is a stand-in with the frontend's plan-list methods."""
+turned off, that autotune results and serialized cuDNN plans survive a process and that a stale,
+foreign or damaged entry is ignored, and that $ONNXPLUG_CACHE_DIR moves CuPy's kernel cache.
+Runs on the host: the cuDNN graph is a stand-in with the frontend's plan-list and serialization
+methods."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -122,6 +124,125 @@ def test_an_entry_without_a_time_is_tuned_again(engine):
     engine.cache.put("conv", [2, 3, "eng2"])
     g = _PlanList(["eng0", "eng1", "eng2"])
     assert engine._cached_plan(g, "conv") == (None, None) and g.built == []
+
+
+def test_plans_survive_the_process_one_file_each(tmp_path):
+    a = cache.PlanCache(str(tmp_path), "H100 sm90 cudnn 91900")
+    a.put("conv k1", bytes(range(256)) * 4, 0.0125)
+    a.put("sdpa k2", b"\n{plan\n", None)  # the bytes may hold newlines and braces
+    b = cache.PlanCache(str(tmp_path), "H100 sm90 cudnn 91900")
+    assert b.get("conv k1") == (bytes(range(256)) * 4, 0.0125)
+    assert b.get("sdpa k2") == (b"\n{plan\n", None)
+    assert b.get("another key") is None
+    assert len(os.listdir(b.folder)) == 2  # no temporary file left behind
+    # another device or library version has a folder of its own
+    assert cache.PlanCache(str(tmp_path), "A100 sm80 cudnn 91900").get("conv k1") is None
+
+
+def test_a_plan_file_of_another_key_or_damaged_is_no_entry(tmp_path):
+    c = cache.PlanCache(str(tmp_path), "fp")
+    c.put("k", b"plan", 0.5)
+    path = c._path("k")
+    with open(path, "rb") as fh:
+        body = fh.read()
+    with open(path, "wb") as fh:  # a digest collision: the file names another key
+        fh.write(body.replace(b'"k"', b'"j"'))
+    assert c.get("k") is None
+    for damaged in (b"{not json\nplan", b'{"key": "k", "ms": 1}\n', b""):
+        with open(path, "wb") as fh:
+            fh.write(damaged)
+        assert c.get("k") is None
+    c.put("k", b"plan", None)  # rewritten
+    assert c.get("k") == (b"plan", None)
+
+
+def test_plans_turned_off_write_nothing(tmp_path):
+    c = cache.PlanCache(None, "fp")
+    c.put("k", b"plan", 0.1)
+    assert c.get("k") is None and list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_plan_folder_warns_once(tmp_path):
+    (tmp_path / "file").write_text("")
+    c = cache.PlanCache(str(tmp_path / "file"), "fp")  # a file where the folder should be
+    with pytest.warns(RuntimeWarning, match="cannot write cuDNN plans"):
+        c.put("k", b"plan", 0.1)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c.put("k2", b"plan", 0.1)
+    assert c.get("k") is None
+
+
+class _SerializedGraph:
+    """The frontend graph's serialization methods (``serialize`` gives its candidate plan, which
+    ``build_plan_at_index`` sets) and deserialization (``deserialize`` takes a list of ints)."""
+
+    def __init__(self, handle=None, plans=(b"plan0", b"plan1", b"plan2")):
+        self.handle, self.plans, self.candidate = handle, list(plans), 0
+        self.loaded: bytes | None = None
+
+    def build_plan_at_index(self, i: int) -> None:
+        self.candidate = i
+
+    def serialize(self) -> list[int]:
+        return list(self.plans[self.candidate])
+
+    def deserialize(self, data) -> None:
+        assert isinstance(data, list)
+        if bytes(data) == b"damaged":
+            raise RuntimeError("cudnn: cannot deserialize")
+        self.loaded = bytes(data)
+
+    def get_workspace_size(self) -> int:
+        return 4096
+
+
+class _Frontend:
+    pygraph = _SerializedGraph
+
+
+def _ctx() -> SimpleNamespace:
+    """A kernel context as the plan cache uses it: its stream's cuDNN handle."""
+    return SimpleNamespace(stream=SimpleNamespace(cudnn=7))
+
+
+@pytest.fixture
+def planned(tmp_path):
+    eng = object.__new__(dnn.CudnnConv)  # no cuDNN here: only the plan-cache half
+    eng.cudnn, eng.plans = _Frontend(), cache.PlanCache(str(tmp_path), "fp")
+    return eng
+
+
+def test_the_plan_a_graph_runs_is_the_one_kept(planned):
+    """An autotuned graph keeps its winner (made the candidate before serializing), a
+    heuristic one its default candidate; a later engine deserializes it on the context's
+    handle, with the time the search measured."""
+    planned._save_plan("tuned", _SerializedGraph(), 2, 0.0125)
+    planned._save_plan("heuristic", _SerializedGraph(), None, None)
+    hits = dnn.stats["plan_cache_hits"]
+    g = planned._load_plan(_ctx(), "tuned", {})
+    assert g.graph.loaded == b"plan2" and g.graph.handle == 7 and g.ms == 0.0125
+    assert g.best is None and g.ws == 4096  # its one plan runs as the default candidate
+    h = planned._load_plan(_ctx(), "heuristic", {})
+    assert h.graph.loaded == b"plan0" and h.ms is None
+    assert planned._load_plan(_ctx(), "never built", {}) is None
+    assert dnn.stats["plan_cache_hits"] == hits + 2
+
+
+def test_a_plan_this_cudnn_cannot_load_is_built_again(planned):
+    planned.plans.put("k", b"damaged", 0.1)
+    assert planned._load_plan(_ctx(), "k", {}) is None
+
+
+def test_a_plan_without_a_serialized_form_is_not_kept(planned):
+    class Unserializable(_SerializedGraph):
+        def serialize(self):
+            raise RuntimeError("not supported for this engine")
+
+    planned._save_plan("k", Unserializable(), None, None)
+    assert planned.plans.get("k") is None
 
 
 def _spec(**kw) -> dnn.ConvSpec:

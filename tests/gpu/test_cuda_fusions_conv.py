@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -103,9 +104,11 @@ print(json.dumps(dnn.stats))
 """
 
 
-def test_tuning_cache_serves_a_second_process(tmp_path):
-    """EXHAUSTIVE search in a first process leaves its winners on disk; a second process builds
-    only those plans (every convolution a cache hit) and computes the same outputs."""
+def test_tuning_and_plan_caches_serve_a_second_process(tmp_path):
+    """EXHAUSTIVE search in a first process leaves its winners on disk, as autotune results
+    and as serialized plans; a second process deserializes every plan (no graph built, none
+    timed) and computes the same outputs bit for bit. Without the plans, the tuning cache
+    still spares the search: a third process builds only the winners."""
     model = typed(resnet50(width=16, size=32, batch=1, classes=10))
     (tmp_path / "m.onnx").write_bytes(model)
     np.save(
@@ -126,13 +129,53 @@ def test_tuning_cache_serves_a_second_process(tmp_path):
         return json.loads(p.stdout.strip().splitlines()[-1])
 
     first = process(1)
-    assert first["tuning_cache_hits"] == 0 and first["cudnn"] > 0
-    assert len(os.listdir(tmp_path / "cache")) == 1
+    assert first["tuning_cache_hits"] == first["plan_cache_hits"] == 0 and first["cudnn"] > 0
+    files = sorted(os.listdir(tmp_path / "cache"))
+    assert len(files) == 2 and files[0].startswith("cudnn-conv-"), files
+    plans = tmp_path / "cache" / files[1]
+    assert files[1].startswith("cudnn-plans-") and len(os.listdir(plans)) > 0
     second = process(2)
-    assert second["tuning_cache_hits"] > 0
-    np.testing.assert_allclose(
-        np.load(tmp_path / "y2.npy"), np.load(tmp_path / "y1.npy"), rtol=1e-5
-    )
+    assert second["plan_cache_hits"] == len(os.listdir(plans))
+    assert second["tuning_cache_hits"] == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "y2.npy"), np.load(tmp_path / "y1.npy"))
+    shutil.rmtree(plans)
+    third = process(3)
+    assert third["tuning_cache_hits"] > 0 and third["plan_cache_hits"] == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "y3.npy"), np.load(tmp_path / "y1.npy"))
+
+
+@pytest.mark.parametrize("fuse", ["0", "1"], ids=["epilogue", "fuse_conv_bias"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+def test_deserialized_plans_compute_what_built_plans_do(monkeypatch, tmp_path, fuse, dtype):
+    """A new engine (as in a new process) on the same cache folder deserializes every plan the
+    first one built, including cuDNN's runtime-compiled fused graphs (``fuse_conv_bias=1``),
+    and its outputs are bit-identical, eager and replayed."""
+    from onnxplug_cuda import dnn
+
+    g = G(dtype)
+    x = g.input("x", [2, 16, 12, 12])
+    y = g.op("Relu", residual_block(g, x, 16, act=None))
+    model = typed(g.model([y]))
+    feeds = {"x": np.random.default_rng(5).standard_normal((2, 16, 12, 12)).astype(dtype)}
+    opts = {"fuse_conv_bias": fuse, "tuning_cache_dir": str(tmp_path), "enable_cuda_graph": "1"}
+
+    def outputs() -> tuple[list[np.ndarray], int, int]:
+        monkeypatch.setattr(dnn, "_engines", {})  # a new engine, its graphs not built
+        before = dict(dnn.stats)
+        s = ox.InferenceSession(model, providers=[(CUDA, opts), CPU])
+        ys = [s.run(None, feeds)[0] for _ in range(3)]  # warm-up, capture, replay
+        return (
+            ys,
+            dnn.stats["plan_cache_hits"] - before["plan_cache_hits"],
+            dnn.stats["cudnn"] - before["cudnn"],
+        )
+
+    built, hits, calls = outputs()
+    assert hits == 0 and calls > 0
+    loaded, hits, calls = outputs()
+    assert hits > 0 and calls > 0
+    for a, b in zip(built, loaded, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 _KERNEL_PROCESS = """

@@ -4,6 +4,10 @@
 
 * ``TuningCache``: cuDNN autotune results (the winning plan per convolution and its time), one
   JSON file per device, driver and library versions.
+* ``PlanCache``: cuDNN execution plans as the frontend serializes them (``Graph::serialize``: the
+  plan's engine configuration and, for a runtime-compiled engine, its compiled kernel), one file
+  per graph, so that a later process deserializes the plan it runs instead of building the
+  graph, querying the heuristics and compiling.
 * Compiled kernels: CuPy compiles ours (NVRTC) and keeps them in its kernel cache, keyed by
   source, options, architecture and compiler version. That cache is CuPy's, one per process:
   ``use_cache_folder_for_kernels`` points it at ``$ONNXPLUG_CACHE_DIR/kernels`` (or keeps it in
@@ -90,6 +94,56 @@ class TuningCache:
             except OSError as e:
                 warnings.warn(
                     f"onnxplug-cuda: cannot write the tuning cache {self.path}: {e}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+
+class PlanCache:
+    """Serialized cuDNN plans of one device and library set, one file per graph key in
+    ``<folder>/cudnn-plans-<fingerprint digest>/``: a line of JSON (the key, the plan's time
+    where it was timed), then the frontend's bytes. Files are written when the plan is chosen
+    (atomically, so concurrent processes never read half a file) and read back by key; a file
+    of another key (a digest collision), or one that cannot be read, is no entry."""
+
+    def __init__(self, folder: str | None, fingerprint: str):
+        digest = hashlib.sha1(fingerprint.encode()).hexdigest()[:16]
+        self.folder = os.path.join(folder, f"cudnn-plans-{digest}") if folder else None
+        self._warned = False
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.folder, hashlib.sha1(key.encode()).hexdigest()[:32] + ".plan")  # type: ignore[arg-type]
+
+    def get(self, key: str) -> tuple[bytes, float | None] | None:
+        """The plan's bytes and its time per call in ms (None where it was not timed)."""
+        if self.folder is None:
+            return None
+        try:
+            with open(self._path(key), "rb") as fh:
+                head = json.loads(fh.readline())
+                blob = fh.read()
+        except (OSError, ValueError):
+            return None
+        if not isinstance(head, dict) or head.get("key") != key or not blob:
+            return None
+        ms = head.get("ms")
+        return blob, (float(ms) if isinstance(ms, (int, float)) else None)
+
+    def put(self, key: str, blob: bytes, ms: float | None) -> None:
+        if self.folder is None:
+            return
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(json.dumps({"key": key, "ms": ms}).encode() + b"\n")
+                fh.write(blob)
+            os.replace(tmp, self._path(key))
+        except OSError as e:
+            if not self._warned:  # a cache that cannot be written is no cache
+                self._warned = True
+                warnings.warn(
+                    f"onnxplug-cuda: cannot write cuDNN plans in {self.folder}: {e}",
                     RuntimeWarning,
                     stacklevel=2,
                 )
