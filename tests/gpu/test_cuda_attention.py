@@ -224,21 +224,34 @@ def test_every_tensor_core_block_shape_matches_cpu(monkeypatch, shape):
 
 
 @pytest.mark.parametrize(
-    "b,options", [(1, {}), (3, {}), (3, {"use_tf32": "0"})], ids=["mma-b1", "mma-b3", "fma-b3"]
+    "b,dtype,options",
+    [
+        (1, np.float32, {}),
+        (3, np.float32, {}),
+        (3, np.float32, {"use_tf32": "0"}),
+        (1, np.float16, {}),
+        (3, np.float16, {"enable_cuda_graph": "1"}),
+    ],
+    ids=["mma-b1", "mma-b3", "fma-b3", "sdpa-b1", "sdpa-b3-graph"],
 )
-def test_a_first_run_gives_what_prepared_runs_give(b, options):
+def test_a_first_run_gives_what_prepared_runs_give(b, dtype, options):
     """The first run of a signature (not prepared) runs the fused kernel the prepared runs
-    use: every run gives the same bits (8 threads x 200 runs of BERT found the first run's
-    result 1e-3 away when only the prepared form used it)."""
-    model = _attention_model(b, 40, 128, 2, "2d", True, np.float32)
+    use (float32: ours; float16: cuDNN's fused attention): every run gives the same bits
+    (8 threads x 200 runs of BERT found the first run's result 1e-3 away when only the
+    prepared form used it)."""
+    from onnxplug_cuda import dnn
+
+    model = _attention_model(b, 40, 128, 2, "2d", True, dtype)
     rng = np.random.default_rng(3)
-    feeds = {"x": rng.standard_normal((b, 40, 128)).astype(np.float32)}
+    feeds = {"x": rng.standard_normal((b, 40, 128)).astype(dtype)}
     feeds["mask"] = np.ones((b, 40), np.int32)
     feeds["mask"][-1, 30:] = 0
     cuda = ox.InferenceSession(model, providers=[(CUDA, options), CPU])
-    first, *later = (cuda.run(None, feeds)[0] for _ in range(3))
-    for got in later:
-        np.testing.assert_array_equal(got, first)
+    before = dnn.stats["attention"]
+    first = cuda.run(None, feeds)[0]
+    assert (dnn.stats["attention"] > before) == (dtype == np.float16)  # the first run's too
+    for _ in range(3):
+        np.testing.assert_array_equal(cuda.run(None, feeds)[0], first)
 
 
 @pytest.mark.parametrize("mask,causal", [("2d", False), ("none", True)])

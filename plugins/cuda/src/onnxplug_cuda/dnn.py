@@ -330,16 +330,19 @@ class CudnnConv:
         stats["cudnn"] += 1
         return True
 
-    def attention(self, ctx: Any, spec: SdpaSpec, ptrs: dict[int, int]) -> Any:
+    def attention(
+        self, ctx: Any, spec: SdpaSpec, ptrs: dict[int, int], workspace: Any = None
+    ) -> Any:
         """A call running ``spec``'s SDPA graph on ``ptrs`` (by uid) on the context's stream,
-        with a workspace of the frame's (``ctx.workspace``): the prepared form of a fused
-        attention. None where cuDNN cannot (the attention kernel then takes its GEMM path)."""
+        with a workspace of the frame's (``ctx.workspace``; ``workspace(nbytes) -> address``
+        instead, for an unprepared run): the prepared form of a fused attention. None where
+        cuDNN cannot (the attention kernel then takes its GEMM path)."""
         if spec.dtype not in (np.dtype(np.float16), BF16) or any(p % 16 for p in ptrs.values()):
             return None
         g = self._graph(ctx, spec, ptrs)
         if g is None:
             return None
-        ws_ptr = ctx.workspace(g.ws) if g.ws else 0
+        ws_ptr = (workspace or ctx.workspace)(g.ws) if g.ws else 0
         handle = ctx.stream.cudnn
         if g.ordered:
             fn, args = g.graph._execute_with_ptrs, ([ptrs[u] for u in g.order], ws_ptr, handle)

@@ -21,12 +21,12 @@ kernel runs on tensor cores (``FUSED_ATTENTION_MMA``: TF32 products, float32 sof
 accumulation, as the TF32 GEMMs of the generic path); otherwise, beyond batch 1, in float32
 FMA (``FUSED_ATTENTION``, no TF32).
 
-float16 Attention (prepared, no past; a mask or an attention bias; ``sdpa_kernel`` 0 or with
-the FLASH_ATTENTION or CUDNN_FLASH_ATTENTION bit) runs cuDNN's fused attention instead
-(``dnn.SdpaSpec``: flash attention through the frontend's SDPA graph), reading Q/K/V in place
-from the projection and writing the context in place; with the projection and the mask's
-additive term it is captured as one CUDA graph of the node. Other cases, and float64, take
-the generic path.
+float16 Attention (no past; a mask or an attention bias; ``sdpa_kernel`` 0 or with the
+FLASH_ATTENTION or CUDNN_FLASH_ATTENTION bit) runs cuDNN's fused attention instead, prepared
+and in a signature's first run alike (``dnn.SdpaSpec``: flash attention through the
+frontend's SDPA graph), reading Q/K/V in place from the projection and writing the context in
+place; with the projection and the mask's additive term it is captured as one CUDA graph of
+the node. Other cases, and float64, take the generic path.
 """
 
 from __future__ import annotations
@@ -895,6 +895,29 @@ class Attention(_AttentionBase):
             dims = (b, n, s, h, hv, dq, dk)
             self._fused_f32(qkv, y, add, dims, scale, self.stream_handle(ctx))()
             return
+        y = None
+        if past is None and not ctx.has_output(1) and qkv.dtype == np.float16:
+            # cuDNN's fused attention, as the prepared form runs it: a first run gives what
+            # later runs give, and loads nothing they do not use (CuPy's cuBLAS, the generic
+            # path's kernels: about 0.1 s of BERT-base float16's first run)
+            y = self.alloc(ctx, 0, (b, s, n * hv), dt)
+            scale = self.scale if self.scale is not None else 1.0 / math.sqrt(h)
+            held: list[Any] = []  # temporaries, freed once the calls are enqueued
+
+            def buf(shape_: tuple[int, ...], dtype_: Any) -> Any:
+                held.append(xp.empty(shape_, dtype_))
+                return held[-1]
+
+            def scratch(nbytes: int) -> int:
+                held.append(ctx.scratch(nbytes))
+                return int(held[-1].ptr)
+
+            dims = (b, n, s, h, hv, dq, dk)
+            calls = self._fused_sdpa(ctx, qkv, y, mask, attn_bias, dims, scale, buf, scratch)
+            if calls is not None:
+                for call in calls:
+                    call()
+                return
         qkv = qkv.reshape(b, s, total)
         q4 = self.heads_of(qkv[..., :dq])
         k4 = self.heads_of(qkv[..., dq : dq + dk])
@@ -905,7 +928,9 @@ class Attention(_AttentionBase):
             k4 = xp.concatenate([past[0], k4], axis=2)
             v4 = xp.concatenate([past[1], v4], axis=2)
         out = self.attend(ctx, q4, k4, v4, attn_bias, mask)
-        self.alloc(ctx, 0, out.shape, dt)[...] = out
+        if y is None or y.shape != out.shape:
+            y = self.alloc(ctx, 0, out.shape, dt)
+        y[...] = out
         if ctx.has_output(1):
             present = self.alloc(ctx, 1, (2, *k4.shape), dt)
             present[0] = k4
@@ -1059,6 +1084,7 @@ class Attention(_AttentionBase):
         dims: tuple,
         scale: float,
         buf: Any,
+        workspace: Any = None,
     ) -> list | None:
         """float16: cuDNN's fused attention (flash attention) reading the heads in place from
         the packed projection and writing the context in place into the output; a padding
@@ -1128,7 +1154,7 @@ class Attention(_AttentionBase):
             causal=self.causal,
             scale=float(scale),
         )
-        call = eng.attention(ctx, spec, ptrs)
+        call = eng.attention(ctx, spec, ptrs, workspace)
         return None if call is None else [*calls, call]
 
     def _heads_in_place(
