@@ -56,3 +56,30 @@ def _comparable(v: Any) -> Any:
     """ml_dtypes arrays (bfloat16, float8) as float32, where NaN compares equal to NaN."""
     a = np.asarray(v)
     return a.astype(np.float32) if a.dtype.kind == "V" else a
+
+
+def assert_plans_reload(
+    monkeypatch: Any, model: bytes, feeds: dict[str, np.ndarray], options: dict, calls: str
+) -> None:
+    """Two new cuDNN engines (as in two processes) on one cache folder (``options`` names it):
+    the first builds its graphs (no plan-cache hit), the second deserializes them; both make
+    cuDNN calls (``calls``: a ``dnn.stats`` key), and their outputs of a warm-up, a capture and
+    a replay agree bit for bit."""
+    from onnxplug_cuda import dnn
+
+    def outputs() -> tuple[list[np.ndarray], int, int]:
+        monkeypatch.setattr(dnn, "_engines", {})  # a new engine, its graphs not built
+        before = dict(dnn.stats)
+        sess = ox.InferenceSession(
+            model, providers=[(CUDA, {**options, "enable_cuda_graph": "1"}), CPU]
+        )
+        ys = [sess.run(None, feeds)[0] for _ in range(3)]  # warm-up, capture, replay
+        hits = dnn.stats["plan_cache_hits"] - before["plan_cache_hits"]
+        return ys, hits, dnn.stats[calls] - before[calls]
+
+    built, hits, made = outputs()
+    assert hits == 0 and made > 0
+    loaded, hits, made = outputs()
+    assert hits > 0 and made > 0
+    for x, y in zip(built, loaded, strict=True):
+        np.testing.assert_array_equal(x, y)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tests.attention_models import attention_node_model as _attention_model
-from tests.gpu._cuda import CPU, CUDA, cuda_marks
+from tests.gpu._cuda import CPU, CUDA, assert_plans_reload, cuda_marks
 
 import onnxplug as ox
 
@@ -260,8 +260,6 @@ def test_deserialized_attention_plans_compute_what_built_plans_do(
 ):
     """float16 attention's cuDNN graph is kept in the plan cache: a new engine (as in a new
     process) deserializes it and gives bit-identical outputs, eager and replayed."""
-    from onnxplug_cuda import dnn
-
     b, s = 2, 64
     model = _attention_model(b, s, 64, 4, mask, causal, np.float16)
     rng = np.random.default_rng(7)
@@ -270,19 +268,4 @@ def test_deserialized_attention_plans_compute_what_built_plans_do(
         m = np.ones((b, s), np.int32)
         m[-1, s // 2 :] = 0
         feeds["mask"] = m
-    opts = {"tuning_cache_dir": str(tmp_path), "enable_cuda_graph": "1"}
-
-    def outputs() -> tuple[list[np.ndarray], int, int]:
-        monkeypatch.setattr(dnn, "_engines", {})  # a new engine, its graphs not built
-        before = dict(dnn.stats)
-        sess = ox.InferenceSession(model, providers=[(CUDA, opts), CPU])
-        ys = [sess.run(None, feeds)[0] for _ in range(3)]  # warm-up, capture, replay
-        hits = dnn.stats["plan_cache_hits"] - before["plan_cache_hits"]
-        return ys, hits, dnn.stats["attention"] - before["attention"]
-
-    built, hits, calls = outputs()
-    assert hits == 0 and calls > 0
-    loaded, hits, calls = outputs()
-    assert hits > 0 and calls > 0
-    for x, y in zip(built, loaded, strict=True):
-        np.testing.assert_array_equal(x, y)
+    assert_plans_reload(monkeypatch, model, feeds, {"tuning_cache_dir": str(tmp_path)}, "attention")

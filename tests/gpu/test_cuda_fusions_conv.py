@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from tests.gpu._cuda import CPU, CUDA, cuda_marks, run_cuda_and_cpu
+from tests.gpu._cuda import CPU, CUDA, assert_plans_reload, cuda_marks, run_cuda_and_cpu
 from tests.test_fusions_conv import ACTIVATIONS, G, residual_block, resnet50, typed
 
 import onnxplug as ox
@@ -150,32 +150,13 @@ def test_deserialized_plans_compute_what_built_plans_do(monkeypatch, tmp_path, f
     """A new engine (as in a new process) on the same cache folder deserializes every plan the
     first one built, including cuDNN's runtime-compiled fused graphs (``fuse_conv_bias=1``),
     and its outputs are bit-identical, eager and replayed."""
-    from onnxplug_cuda import dnn
-
     g = G(dtype)
     x = g.input("x", [2, 16, 12, 12])
     y = g.op("Relu", residual_block(g, x, 16, act=None))
     model = typed(g.model([y]))
     feeds = {"x": np.random.default_rng(5).standard_normal((2, 16, 12, 12)).astype(dtype)}
-    opts = {"fuse_conv_bias": fuse, "tuning_cache_dir": str(tmp_path), "enable_cuda_graph": "1"}
-
-    def outputs() -> tuple[list[np.ndarray], int, int]:
-        monkeypatch.setattr(dnn, "_engines", {})  # a new engine, its graphs not built
-        before = dict(dnn.stats)
-        s = ox.InferenceSession(model, providers=[(CUDA, opts), CPU])
-        ys = [s.run(None, feeds)[0] for _ in range(3)]  # warm-up, capture, replay
-        return (
-            ys,
-            dnn.stats["plan_cache_hits"] - before["plan_cache_hits"],
-            dnn.stats["cudnn"] - before["cudnn"],
-        )
-
-    built, hits, calls = outputs()
-    assert hits == 0 and calls > 0
-    loaded, hits, calls = outputs()
-    assert hits > 0 and calls > 0
-    for a, b in zip(built, loaded, strict=True):
-        np.testing.assert_array_equal(a, b)
+    opts = {"fuse_conv_bias": fuse, "tuning_cache_dir": str(tmp_path)}
+    assert_plans_reload(monkeypatch, model, feeds, opts, "cudnn")
 
 
 _KERNEL_PROCESS = """
