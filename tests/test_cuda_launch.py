@@ -189,3 +189,70 @@ def test_dense_float16_operations_move_vectors(launches, n, ptr, vec):
     if vec > 1:
         src = op._raw._vector_source({"T": "__half"}, [], False, vec, (False, True, False))
         assert f"OxVec<T, {vec}>" in src and "const T _s_b = _p_b[0];" in src  # read once
+
+
+def _row_modules() -> dict[str, F._RowModule]:
+    from onnxplug_cuda.kernels import attention as A
+    from onnxplug_cuda.kernels import contrib as C
+
+    return {
+        "rows": F.ROWS,
+        "softmax": A.SOFTMAX_ROWS,
+        "fused attention": A.FUSED_ATTENTION,
+        "fused attention mma": A.FUSED_ATTENTION_MMA,
+        "skip layer norm": C.SKIP_LN_ROWS,
+        "embed": C.EMBED_ROWS,
+        "nbits": C.NBITS_ROWS,
+    }
+
+
+def test_row_modules_compile_each_entry_point_on_its_own():
+    """A row module compiles an entry point with the shared code and that entry alone (the
+    whole row module, every entry for four storage types, took NVRTC 2.2 s; a model runs one
+    or two of them): every ``extern "C"`` kernel is found, ``__launch_bounds__`` included, and
+    its source holds no other entry point."""
+    counts = {}
+    for label, mod in _row_modules().items():
+        assert 'extern "C"' not in mod._shared, label
+        for name in mod._entries:
+            src = mod.source(name)
+            assert src.count('extern "C"') == 1, (label, name)
+            assert f" {name}(" in src, (label, name)
+        counts[label] = len(mod._entries)
+    assert counts == {
+        "rows": 12,
+        "softmax": 12,
+        "fused attention": 2,
+        "fused attention mma": 2,
+        "skip layer norm": 16,
+        "embed": 5,
+        "nbits": 4,
+    }
+    assert {"oxa_fused_f32_q16", "oxa_fused_f32_q32"} == set(
+        _row_modules()["fused attention"]._entries
+    )
+    with pytest.raises(KeyError, match="no kernel 'ox_rownorm_f8'"):
+        F.ROWS.source("ox_rownorm_f8")
+
+
+def test_a_row_module_refuses_a_repeated_or_missing_entry_point():
+    entry = 'extern "C" __global__ void k(float* x) { x[0] = 1; }\n'
+    with pytest.raises(ValueError, match="repeated"):
+        F._RowModule("// shared\n" + entry + entry)
+    with pytest.raises(ValueError, match="entry point"):
+        F._RowModule("__global__ void k(float* x) {}")
+
+
+def test_a_row_module_compiles_only_the_entry_points_used(launches):
+    """Asking for one function compiles one small module: the shared code and that entry."""
+    mod = F._RowModule(
+        "// shared\n"
+        + 'extern "C" __global__ void a(float* x) { x[0] = 1; }\n'
+        + 'extern "C" __global__ void __launch_bounds__(64) b(float* x) { x[0] = 2; }\n'
+    )
+    mod.function(_Xp, "b")
+    mod.function(_Xp, "b")
+    assert _Xp.sources[-1] == mod.source("b") and "void a(" not in _Xp.sources[-1]
+    n = len(_Xp.sources)
+    mod.function(_Xp, "a")
+    assert len(_Xp.sources) == n + 1 and "void b(" not in _Xp.sources[-1]

@@ -220,13 +220,18 @@ def test_a_cuda_plugin_of_an_older_api_runs_with_the_fallback(sim, monkeypatch, 
     assert steps and all(st.sync_stream == new for st in steps)
     assert (s._run_lock is None) == new
     kernel = steps[0].kernel
-    compute, seen = kernel.compute, []
+    compute, prepare, seen = kernel.compute, kernel.prepare, []
 
     def spy(ctx):
         seen.append((ctx.stream, ctx.get_sync_stream()))
         compute(ctx)
 
+    def spy_prepare(ctx):  # a signature's first run and a frame's run the prepared form
+        seen.append((ctx.stream, ctx.get_sync_stream()))
+        return prepare(ctx)
+
     monkeypatch.setattr(kernel, "compute", spy)
+    monkeypatch.setattr(kernel, "prepare", spy_prepare)
     xs = [np.random.default_rng(k).standard_normal((4, 3)).astype(np.float32) for k in range(4)]
     want = [1 / (1 + np.exp(-np.maximum(x, 0))) for x in xs]
     got: list = [None] * len(xs)

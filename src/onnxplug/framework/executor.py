@@ -404,7 +404,9 @@ class GraphRunner:
                 release = tuple(r for r in pending + spec.release if r not in folded)
                 pending = ()
             call: Callable[[Any], Any] = spec.kernel.compute
-            if bind and recorder is None:
+            if recorder is not None:
+                call = spec.kernel.compute_first
+            elif bind:
                 call = _binder(f, len(f.steps), spec.kernel, release)
             self._add(f, (call, ctx, release), spec)
             if i in notes:

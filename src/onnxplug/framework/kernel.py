@@ -398,6 +398,14 @@ class Kernel:
         self.compute(ctx)
         return None
 
+    def compute_first(self, ctx: KernelContext) -> None:
+        """A shape signature's first (recording) run of the node, on memory that later runs
+        do not reuse: ``compute`` here. A kernel whose prepared form runs other device code
+        than ``compute`` may run that form instead, so that a process builds each piece of
+        device code once (not ``compute``'s for the first run, then the prepared form's) and
+        the first run gives the later runs' results."""
+        self.compute(ctx)
+
 
 class KernelContext:
     """A kernel's view of one run: its inputs, output allocation, scratch and stream.

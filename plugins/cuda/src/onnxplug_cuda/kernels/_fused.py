@@ -23,6 +23,7 @@ compare against the CPU provider.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -879,6 +880,9 @@ extern "C" __global__ void ox_rownorm_{k}(const {S}* x, {S}* y, const {S}* scale
 }}
 """
 
+_EXTERN_C = 'extern "C"'
+_ENTRY_NAME = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
+
 # storage key -> (traits struct, C storage type)
 ROW_TYPES = {
     "f32": ("OxF32", "float"),
@@ -901,22 +905,44 @@ def storage_key(dtype: Any) -> str:
 
 class _RowModule:
     """A module's CUDA source (``ROWS_MODULE_SRC`` here; other kernel families build on its
-    traits and block reductions), compiled on first use, and its functions per device."""
+    traits and block reductions): shared code, then ``extern "C"`` entry points. Each entry
+    point is compiled on its first use, on its own with the shared code: a process compiles
+    only the kernels its models run (the whole row module, every entry for four storage types,
+    took NVRTC 2.2 s on an H100 host; BERT-base runs one of them)."""
 
     def __init__(self, code: str = ROWS_MODULE_SRC) -> None:
-        self._code = code
+        start = code.find(_EXTERN_C)
+        if start < 0:
+            raise ValueError('a row module needs an extern "C" entry point')
+        self._shared = code[:start]
+        self._entries: dict[str, str] = {}
+        for piece in code[start:].split(_EXTERN_C)[1:]:
+            m = _ENTRY_NAME.search(piece)
+            if m is None or m.group(1) in self._entries:
+                raise ValueError(f"no kernel name, or a repeated one, in entry {piece[:80]!r}")
+            self._entries[m.group(1)] = _EXTERN_C + piece
         self._lock = threading.Lock()
-        self._module: Any = None
+        self._modules: dict[str, Any] = {}
         self._functions: dict[tuple[str, int], Any] = {}
+
+    def source(self, name: str) -> str:
+        """The code compiled for entry point ``name``: the shared code and that entry."""
+        entry = self._entries.get(name)
+        if entry is None:
+            raise KeyError(f"no kernel {name!r} in this module")
+        return self._shared + entry
 
     def function(self, xp: Any, name: str) -> Any:
         key = (name, xp.cuda.runtime.getDevice())
         fn = self._functions.get(key)
         if fn is None:
             with self._lock:
-                if self._module is None:
-                    self._module = xp.RawModule(code=self._code, options=("--std=c++17",))
-                fn = self._functions[key] = self._module.get_function(name)
+                module = self._modules.get(name)
+                if module is None:
+                    module = self._modules[name] = xp.RawModule(
+                        code=self.source(name), options=("--std=c++17",)
+                    )
+                fn = self._functions[key] = module.get_function(name)
         return fn
 
 
