@@ -6,7 +6,10 @@ per-process cache), twice in a row (the second process finds what the first left
                                     [--cprofile N] [--trace-imports torch,scipy]
                                     [--cuda-options k=v,...] [--processes N]
 
-Models come from benchmarks/models.py's export (batch 1, fp32). ``--cprofile N`` also prints the
+Models come from benchmarks/models.py's export (batch 1, fp32). Each model starts from empty
+caches (cuDNN tuning and plans, compiled kernels: a new folder for ``ONNXPLUG_CACHE_DIR`` and
+``CUPY_CACHE_DIR``), so its first process is a machine's first; ``--cache-dir DIR`` uses DIR
+instead (for all models). ``--cprofile N`` also prints the
 N most expensive functions (cumulative) of creation and first run, from a third process.
 onnxruntime's figures (ORT 1.31.1 CUDA EP, same H100, ../shared/anchors/ort_gpu_more.md §1) are
 printed beside ours.
@@ -19,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 # onnxruntime CUDA EP, default options: (create s, first run ms), from ../shared/anchors.
@@ -93,6 +97,12 @@ def child(name: str, out: str, prof: int = 0, trace: str = "", options: str = ""
     return r
 
 
+def _use_cache_dir(folder: str) -> None:
+    """The children's cache folder: onnxplug's caches and CuPy's kernel cache."""
+    os.environ["ONNXPLUG_CACHE_DIR"] = folder
+    os.environ["CUPY_CACHE_DIR"] = os.path.join(folder, "kernels")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet50,bert_base,gpt2")
@@ -101,17 +111,26 @@ def main() -> int:
     ap.add_argument("--trace-imports", default="", help="packages (a,b): where first imported")
     ap.add_argument("--cuda-options", default="", help="k=v,... CUDA provider options")
     ap.add_argument("--processes", type=int, default=2, help="fresh processes per model")
+    ap.add_argument("--cache-dir", default=None, help="cache folder (default: new, per model)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = args.models.split(",")
+    if args.cache_dir:
+        _use_cache_dir(args.cache_dir)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from models import export_all
 
     export_all(args.out, names)
     rows = []
     for name in names:
+        if not args.cache_dir:
+            _use_cache_dir(tempfile.mkdtemp(prefix=f"onnxplug-cold-{name}-"))
         for k in range(args.processes):
-            proc = ("first process", "second process")[k] if k < 2 else f"process {k + 1}"
+            proc = (
+                ("first process (empty caches)", "second process")[k]
+                if k < 2
+                else f"process {k + 1}"
+            )
             r = child(name, args.out, options=args.cuda_options)
             r.update(model=name, process=proc)
             print(json.dumps(r), flush=True)

@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.gpu._cuda import cuda_marks
+from tests.gpu._cuda import CPU, CUDA, assignment, cuda_marks
 from tests.gpu.test_cuda_tensor import BF16, MOVE_TYPES, check, check_expected, i64, ids, rand
+
+import onnxplug as ox
 
 pytestmark = cuda_marks
 
@@ -90,6 +92,46 @@ def test_gather_nd(dtype):
     for k in (1, 3):  # batch_dims=1: indices (2, ..., k) pick within each batch item
         idx = np.stack([indices((2, 4), x.shape[1 + j], np.int64, j) for j in range(k)], -1)
         check("GatherND", [("x", x, False), ("i", idx, False)], opset=13, batch_dims=1)
+
+
+@pytest.mark.parametrize("itype", INDEX_TYPES, ids=ids)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int64], ids=ids)
+def test_prepared_gathers_move_rows_in_wide_units(dtype, itype):
+    """An embedding lookup (rows of 64 elements: 16-byte units) and a GatherND of rows, in
+    the first run and in the prepared runs after it (their own gather kernel), equal to numpy
+    with negative indices wrapped."""
+    from onnx import TensorProto, helper
+
+    table = rand((50, 64), dtype)
+    ids_ = np.array([[3, -1, 49, 0, 7], [-50, 12, 12, 1, 30]], itype)
+    nd = np.array([[[1, 2]], [[-1, 0]], [[0, -3]]], np.int64)  # (3, 1, 2) into (2, 4, 64)
+    data = rand((2, 4, 64), dtype)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    idx_t = helper.np_dtype_to_tensor_dtype(np.dtype(itype))
+    g = helper.make_graph(
+        [
+            helper.make_node("Gather", ["t", "i"], ["y"], name="g", axis=0),
+            helper.make_node("GatherND", ["d", "j"], ["z"], name="n"),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("t", elem, table.shape),
+            helper.make_tensor_value_info("i", idx_t, ids_.shape),
+            helper.make_tensor_value_info("d", elem, data.shape),
+            helper.make_tensor_value_info("j", TensorProto.INT64, nd.shape),
+        ],
+        [helper.make_tensor_value_info(n, elem, None) for n in "yz"],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    s = ox.InferenceSession(m.SerializeToString(), providers=[CUDA, CPU])
+    assert assignment(s) == {"g": CUDA, "n": CUDA}
+    want_y = np.take(table, ids_.astype(np.int64) % 50, axis=0)
+    w = nd.astype(np.int64) % np.array([2, 4])
+    want_z = data[w[..., 0], w[..., 1]]
+    for _ in range(3):  # the recording run, the frame's first, a prepared run
+        y, z = s.run(None, {"t": table, "i": ids_, "d": data, "j": nd})
+        np.testing.assert_array_equal(y, want_y)
+        np.testing.assert_array_equal(z, want_z)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -441,7 +441,6 @@ extern "C" __global__ void ox_copy_units_%(v)d_%(w)s(const %(u)s* src, %(u)s* ds
   ox_copy_units<%(u)s, %(i)s>(src, dst, p);
 }
 """
-_unit_copy_modules: dict[int, Any] = {}
 _compile_lock = threading.Lock()
 _functions: dict[tuple[str, int], Any] = {}
 
@@ -461,18 +460,14 @@ def compiled_function(xp: Any, name: str, source: Callable[[], str]) -> Any:
 
 
 def _unit_copy_function(xp: Any, unit: int, wide: bool) -> Any:
-    """The copy kernel moving ``unit``-byte units (one module per device, every variant)."""
-    device = xp.cuda.runtime.getDevice()
-    with _compile_lock:
-        mod = _unit_copy_modules.get(device)
-        if mod is None:
-            src = _UNIT_COPY_SRC + "".join(
-                _UNIT_COPY_ENTRY % {"v": v, "u": u, "w": w, "i": i}
-                for v, u in _UNITS
-                for w, i in (("i", "int"), ("l", "long long"))
-            )
-            mod = _unit_copy_modules[device] = xp.RawModule(code=src, options=("--std=c++17",))
-    return mod.get_function(f"ox_copy_units_{unit}_{'l' if wide else 'i'}")
+    """The copy kernel moving ``unit``-byte units, compiled on its own on first use (one
+    module of all ten variants took NVRTC about 0.2 s of a fresh process's first run)."""
+    u = dict(_UNITS)[unit]
+    w, i = ("l", "long long") if wide else ("i", "int")
+    name = f"ox_copy_units_{unit}_{w}"
+    return compiled_function(
+        xp, name, lambda: _UNIT_COPY_SRC + _UNIT_COPY_ENTRY % {"v": unit, "u": u, "w": w, "i": i}
+    )
 
 
 def bind_unit_copy(xp: Any, src: Any, dst: Any, stream: int) -> Launch | None:

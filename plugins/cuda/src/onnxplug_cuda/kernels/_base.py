@@ -112,13 +112,20 @@ class CudaKernel(Kernel):
             UNPREPARED.setdefault(op, "an input or output is not a planned tensor")
         return launcher
 
+    #: True where ``compute`` runs kernels CuPy generates (ufuncs, ``take``, ``copyto``,
+    #: ``ElementwiseKernel``) and the prepared form launches ours: a signature's first run
+    #: then runs the prepared form (``compute_first``).
+    first_run_prepared = False
+
     def compute_first(self, ctx: KernelContext) -> None:
-        """A signature's first run: the prepared form, run once (no launcher, no node graph),
-        where this kernel has one. ``compute`` runs CuPy's kernels (ufuncs, ``take``,
-        ``copyto``, ``ElementwiseKernel``) where the prepared form launches ours, so a first
-        run through ``compute`` made a fresh process compile both (BERT-base: 13 NVRTC
-        compiles in its first run, then 6 more in its second)."""
-        if type(self).prepare is CudaKernel.prepare:
+        """A signature's first run: with ``first_run_prepared``, the prepared form, run once
+        (no launcher, no node graph). Through ``compute`` a fresh process compiled CuPy's
+        kernels for the first run and ours for the second (BERT-base: 13 NVRTC compiles in
+        its first run, 6 more in its second). Kernels whose ``compute`` runs the same device
+        code as their prepared form (cuDNN, cuBLASLt, the row kernels) keep ``compute``: their
+        prepared form, built again on the frame's first run, cost a warm process's first run
+        15-75 ms more (H100, medians of 4 processes)."""
+        if not self.first_run_prepared or type(self).prepare is CudaKernel.prepare:
             self.compute(ctx)
             return
         self.be.activate(ctx.stream)

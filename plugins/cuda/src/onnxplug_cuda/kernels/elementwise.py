@@ -36,6 +36,8 @@ def is_bf16(dt: Any) -> bool:
 class TypedKernel(CudaKernel):
     """Shared state: the node's input dtype (bfloat16 or not) and a broadcast-shape cache."""
 
+    first_run_prepared = True  # compute runs CuPy's kernels (see CudaKernel)
+
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.in_dtype = info.input_dtype(0)
@@ -467,6 +469,8 @@ class Cast(CudaKernel):
     float32 with round-to-nearest-even, which is exactly ml_dtypes' (the CPU provider's)
     conversion, double rounding of float64 and int64 included.
     """
+
+    first_run_prepared = True  # compute runs CuPy's kernels (see CudaKernel)
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)

@@ -23,12 +23,14 @@ Under the host simulation (``xp`` is numpy) the same ops use numpy equivalents
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
 
 from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
 
+from ..launch import _NOOP, _UNITS, compiled_function, function_launch
 from ._base import ALL_FIXED, ALL_FIXED_BF16, BF16, NUMERIC, CudaKernel
 from .tensor import CPU, INDEX
 
@@ -208,23 +210,49 @@ def _np_scatter(flat: np.ndarray, off: np.ndarray, upd: np.ndarray, reduction: s
 
 
 class Gather(CudaKernel):
-    """Gather along ``axis`` with ``xp.take`` into the planned output (int32 or int64
-    indices, negative ones wrapped)."""
+    """Gather along ``axis`` into the planned output (int32 or int64 indices, negative ones
+    wrapped): prepared as one gather kernel (``_bind_gather``), else ``xp.take``."""
+
+    first_run_prepared = True  # compute runs CuPy's kernels (see CudaKernel)
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.axis = int(info.attr("axis", 0))
 
-    def compute(self, ctx: KernelContext) -> None:
+    def _shapes(self, ctx: KernelContext) -> tuple[int, tuple[int, ...]]:
         t, it = ctx.input(0), ctx.input(1)
         axis = shapes.normalize_axis(self.axis, t.ndim)
-        out_shape = t.shape[:axis] + it.shape + t.shape[axis + 1 :]
+        return axis, t.shape[:axis] + it.shape + t.shape[axis + 1 :]
+
+    def compute(self, ctx: KernelContext) -> None:
+        t = ctx.input(0)
+        axis, out_shape = self._shapes(ctx)
         y = self.alloc(ctx, 0, out_shape, t.dtype)
         if not y.size:
             return
         if not t.shape[axis]:
             raise IndexError(f"Gather: indices into an empty axis {axis} of {list(t.shape)}")
         self.xp.take(self.arg(ctx, 0), self.arg(ctx, 1), axis=axis, out=y)
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        t, it = ctx.input(0), ctx.input(1)
+        axis, out_shape = self._shapes(ctx)
+        if self.xp is np or not t.shape[axis] or it.dtype not in _GATHER_INDEX:
+            return None  # compute: numpy, or the error for an empty axis
+        y = self.alloc(ctx, 0, out_shape, t.dtype)
+        if not y.size:
+            return _NOOP
+        rows = shapes.size_of(it.shape)
+        return _bind_gather(
+            self,
+            ctx,
+            y,
+            rows,
+            0,
+            t.shape[axis],
+            (t.shape[axis],),
+            shapes.size_of(t.shape[axis + 1 :]),
+        )
 
 
 class GatherElements(CudaKernel):
@@ -256,14 +284,18 @@ class GatherElements(CudaKernel):
 
 
 class GatherND(CudaKernel):
-    """GatherND (batch_dims from opset 12): the index tuples become flat row indices into the
-    data viewed as (batch * rows, inner), then one ``take``."""
+    """GatherND (batch_dims from opset 12): each index tuple picks a row of the data viewed as
+    (batch, rows of the indexed dims, inner); prepared as one gather kernel
+    (``_bind_gather``), else the tuples become flat row indices and one ``take``."""
+
+    first_run_prepared = True  # compute runs CuPy's kernels (see CudaKernel)
 
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.b = int(info.attr("batch_dims", 0))
 
-    def compute(self, ctx: KernelContext) -> None:
+    def _geometry(self, ctx: KernelContext) -> tuple[int, int, int, tuple[int, ...], int, tuple]:
+        """(k, batch, rows, indexed dims, inner, output shape)."""
         t, it = ctx.input(0), ctx.input(1)
         b = self.b
         k = it.shape[-1] if it.ndim else 0
@@ -272,22 +304,119 @@ class GatherND(CudaKernel):
                 f"GatherND: indices {list(it.shape)} do not fit data {list(t.shape)} with "
                 f"batch_dims {b}"
             )
+        inner_shape = t.shape[b + k :]
+        out_shape = t.shape[:b] + it.shape[b:-1] + inner_shape
         batch = shapes.size_of(t.shape[:b])
         rows = shapes.size_of(it.shape[b:-1])
-        inner_shape = t.shape[b + k :]
-        y = self.alloc(ctx, 0, t.shape[:b] + it.shape[b:-1] + inner_shape, t.dtype)
+        return k, batch, rows, t.shape[b : b + k], shapes.size_of(inner_shape), out_shape
+
+    def compute(self, ctx: KernelContext) -> None:
+        t = ctx.input(0)
+        k, batch, rows, dims, inner, out_shape = self._geometry(ctx)
+        y = self.alloc(ctx, 0, out_shape, t.dtype)
         if not y.size:
             return
         xp = self.xp
-        dims = t.shape[b : b + k]
         block = shapes.size_of(dims)
         lin = flat_rows(xp, self.arg(ctx, 1).reshape(batch * rows, k), dims)
         if batch > 1:
             starts = xp.multiply(xp.arange(batch, dtype=np.int64)[:, None], block)
             lin = lin.reshape(batch, rows) + starts
-        inner = shapes.size_of(inner_shape)
         x2 = self.arg(ctx, 0).reshape(batch * block, inner)
         xp.take(x2, lin.reshape(-1), axis=0, out=y.reshape(batch * rows, inner))
+
+    def prepare(self, ctx: KernelContext) -> Any:
+        t, it = ctx.input(0), ctx.input(1)
+        k, batch, rows, dims, inner, out_shape = self._geometry(ctx)
+        if self.xp is np or k > _GATHER_MAX_K or 0 in dims or it.dtype not in _GATHER_INDEX:
+            return None  # compute: numpy, many indexed dims, or the error for an empty one
+        y = self.alloc(ctx, 0, out_shape, t.dtype)
+        if not y.size:
+            return _NOOP
+        return _bind_gather(self, ctx, y, rows, rows, shapes.size_of(dims), dims, inner)
+
+
+# One kernel behind the prepared Gather and GatherND: output element i = (outer o, row j, inner
+# unit c) reads the data row that index tuple (o * idx_outer + j) names, each index wrapped
+# into its dim (as CuPy's take wraps), in units of up to 16 bytes where the rows allow.
+_GATHER_MAX_K = 8
+_GATHER_INDEX = (np.dtype(np.int32), np.dtype(np.int64))
+_GATHER_SRC = r"""
+struct OxGatherP {
+  long long n, inner, rows, idx_outer, src_outer;
+  int k;
+  long long dims[@K@];
+};
+template <typename U, typename I>
+__device__ void ox_gather(const U* __restrict__ x, const I* __restrict__ idx, U* __restrict__ y,
+                          const OxGatherP& p) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long r = i / p.inner, c = i - r * p.inner;
+    const long long o = r / p.rows, j = r - o * p.rows;
+    const I* t = idx + (o * p.idx_outer + j) * p.k;
+    long long lin = 0;
+    for (int d = 0; d < p.k; ++d) {
+      const long long dim = p.dims[d];
+      long long v = (long long)t[d] % dim;
+      if (v < 0) v += dim;
+      lin = lin * dim + v;
+    }
+    y[i] = x[(o * p.src_outer + lin) * p.inner + c];
+  }
+}
+""".replace("@K@", str(_GATHER_MAX_K))
+_GATHER_ENTRY = r"""
+extern "C" __global__ void %(name)s(const %(u)s* x, const %(i)s* idx, %(u)s* y,
+                                    const OxGatherP p) {
+  ox_gather<%(u)s, %(i)s>(x, idx, y, p);
+}
+"""
+
+
+class _GatherParams(ctypes.Structure):
+    _fields_ = [
+        ("n", ctypes.c_longlong),
+        ("inner", ctypes.c_longlong),
+        ("rows", ctypes.c_longlong),
+        ("idx_outer", ctypes.c_longlong),
+        ("src_outer", ctypes.c_longlong),
+        ("k", ctypes.c_int),
+        ("dims", ctypes.c_longlong * _GATHER_MAX_K),
+    ]
+
+
+def _bind_gather(
+    kernel: CudaKernel,
+    ctx: KernelContext,
+    y: Any,
+    rows: int,
+    idx_outer: int,
+    src_outer: int,
+    dims: tuple[int, ...],
+    inner: int,
+) -> Any:
+    """The launch gathering into ``y`` (allocated) from input 0 by the index tuples of input 1:
+    ``rows`` tuples per outer slice, read from tuple ``o * idx_outer + j``, each naming a row
+    of ``inner`` elements within the ``src_outer`` rows of outer slice ``o``."""
+    x, idx = kernel.arg(ctx, 0), kernel.arg(ctx, 1)
+    isz = y.itemsize
+    g = inner * isz | int(x.data.ptr) | int(y.data.ptr)
+    unit = min(16, g & -g)
+    p = _GatherParams()
+    p.inner = inner * isz // unit
+    p.n = y.size * isz // unit
+    p.rows, p.idx_outer, p.src_outer, p.k = rows, idx_outer, src_outer, len(dims)
+    for d, n in enumerate(dims):
+        p.dims[d] = n
+    i = "int" if idx.dtype == np.int32 else "long long"
+    name = f"ox_gather_{unit}_{'i32' if idx.dtype == np.int32 else 'i64'}"
+    u = dict(_UNITS)[unit]
+    fn = compiled_function(
+        kernel.xp, name, lambda: _GATHER_SRC + _GATHER_ENTRY % {"name": name, "u": u, "i": i}
+    )
+    blocks = min(-(-p.n // 256), 65535 * 8)
+    return function_launch(fn, (blocks,), (256,), (x, idx, y, p), kernel.stream_handle(ctx))
 
 
 def flat_rows(xp: Any, idx2: Any, dims: tuple[int, ...]) -> Any:

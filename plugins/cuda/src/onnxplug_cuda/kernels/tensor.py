@@ -90,6 +90,8 @@ class _Copies(CudaKernel):
     """Kernels whose work is copies of strided or broadcast views into their outputs: each
     copy is one kernel, prepared once (``_fused.COPY``)."""
 
+    first_run_prepared = True  # compute runs CuPy's kernels (see CudaKernel)
+
     def copies(self, ctx: KernelContext) -> list[tuple[Any, Any]]:
         """Allocate the outputs; the (destination, source view) pairs to copy."""
         raise NotImplementedError
