@@ -7,6 +7,10 @@ ONNX allows negative indices (counted from the end of the axis): they are wrappe
 Out-of-range indices are an error in ONNX and are not checked on the device (that would
 need a host synchronisation per call).
 
+Gather and GatherND are prepared as one raw gather kernel of ours (``_bind_gather``: the
+data rows that index tuples name, moved in units of up to 16 bytes), so their steady state
+and first run launch it instead of CuPy's ``take`` and ufuncs.
+
 Two small CUDA kernels (CuPy ElementwiseKernels) cover what array calls do badly:
 
 * ``GatherElements``/``ScatterElements``: one thread per index element computes the data
