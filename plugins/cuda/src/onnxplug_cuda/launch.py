@@ -196,7 +196,6 @@ class RawElementwise:
         self.name = name
         self.preamble = preamble
         self._functions: dict[tuple, Any] = {}
-        self._lock = threading.Lock()
 
     def supported(self) -> bool:
         """Raw (un-indexed) parameters and the index ``i`` need CuPy's indexer: not here."""
@@ -259,19 +258,14 @@ class RawElementwise:
         return Launch(fn, (blocks, 1, 1), (_THREADS, 1, 1), stream, params, 0, self.name)
 
     def _function(self, xp: Any, key: tuple, types: dict[str, str], scalar_at: list[int]) -> Any:
-        if key in self._functions:
-            return self._functions[key]
-        with self._lock:
-            fn = self._functions.get(key)
-            if key not in self._functions:
-                _, _, flat, wide, vec, shared, _ = key
-                if vec > 1:
-                    src = self._vector_source(types, scalar_at, wide, vec, shared)
-                else:
-                    src = self._source(types, scalar_at, flat=flat, wide=wide)
-                mod = xp.RawModule(code=src, options=("--std=c++17",))
-                fn = self._functions[key] = mod.get_function("oxr_" + self.name)
-        return fn
+        _, _, flat, wide, vec, shared, _ = key
+
+        def source() -> str:
+            if vec > 1:
+                return self._vector_source(types, scalar_at, wide, vec, shared)
+            return self._source(types, scalar_at, flat=flat, wide=wide)
+
+        return compiled_function(xp, "oxr_" + self.name, source, self._functions, key)
 
     def _arrays(self, scalar_at: list[int]) -> list[tuple[str, str, bool]]:
         """(type, name, is output) of each array parameter, in the kernel's order."""
@@ -445,17 +439,28 @@ _compile_lock = threading.Lock()
 _functions: dict[tuple[str, int], Any] = {}
 
 
-def compiled_function(xp: Any, name: str, source: Callable[[], str]) -> Any:
+def compiled_function(
+    xp: Any,
+    name: str,
+    source: Callable[[], str],
+    functions: dict[tuple, Any] | None = None,
+    key: tuple | None = None,
+) -> Any:
     """Kernel ``name`` of the module ``source()`` writes (NVRTC, C++17), compiled once per
-    device: a function belongs to the device current when its module was loaded (the run's)."""
-    key = (name, xp.cuda.runtime.getDevice())
-    fn = _functions.get(key)
+    device: a function belongs to the device current when its module was loaded (the run's).
+    A kernel family whose sources share names keeps its own ``functions``, with ``key``
+    (ending with the device) naming the source; by default the cache is this module's, keyed by
+    (name, device)."""
+    cache = _functions if functions is None else functions
+    if key is None:
+        key = (name, xp.cuda.runtime.getDevice())
+    fn = cache.get(key)
     if fn is None:
         with _compile_lock:
-            fn = _functions.get(key)
+            fn = cache.get(key)
             if fn is None:
                 module = xp.RawModule(code=source(), options=("--std=c++17",))
-                fn = _functions[key] = module.get_function(name)
+                fn = cache[key] = module.get_function(name)
     return fn
 
 

@@ -88,17 +88,7 @@ class CudaKernel(Kernel):
     def bind(self, ctx: KernelContext) -> Callable[[KernelContext], None] | None:
         """The frame's first run: prepare, run what was prepared, and return the launcher
         for the later runs (it checks that the inputs are the tensors it was bound to)."""
-        run = None
-        op = self.info.op_type
-        if type(self).prepare is not CudaKernel.prepare:
-            self.be.activate(ctx.stream)
-            try:
-                run = self.prepare(ctx)
-            except Exception as e:  # no prepared form for this case: compute stays correct
-                run = None
-                UNPREPARED.setdefault(op, f"{type(e).__name__}: {e}")
-            if run is None:
-                UNPREPARED.setdefault(op, "no prepared form for these operands")
+        run = self._prepared(ctx)
         if run is None:
             self.compute(ctx)
             return None
@@ -109,8 +99,24 @@ class CudaKernel(Kernel):
         run()
         launcher = self._launcher(ctx, run)
         if launcher is None:
-            UNPREPARED.setdefault(op, "an input or output is not a planned tensor")
+            UNPREPARED.setdefault(self.info.op_type, "an input or output is not a planned tensor")
         return launcher
+
+    def _prepared(self, ctx: KernelContext) -> Callable[[], None] | None:
+        """``prepare``'s call for this run, or None where this node has no prepared form for
+        it (the reason is noted in ``UNPREPARED``; ``compute`` then runs, and stays correct)."""
+        if type(self).prepare is CudaKernel.prepare:
+            return None
+        op = self.info.op_type
+        self.be.activate(ctx.stream)
+        try:
+            run = self.prepare(ctx)
+        except Exception as e:
+            UNPREPARED.setdefault(op, f"{type(e).__name__}: {e}")
+            return None
+        if run is None:
+            UNPREPARED.setdefault(op, "no prepared form for these operands")
+        return run
 
     #: True where ``compute`` runs kernels CuPy generates (ufuncs, ``take``, ``copyto``,
     #: ``ElementwiseKernel``) and the prepared form launches ours: a signature's first run
@@ -125,18 +131,12 @@ class CudaKernel(Kernel):
         code as their prepared form (cuDNN, cuBLASLt, the row kernels) keep ``compute``: their
         prepared form, built again on the frame's first run, cost a warm process's first run
         15-75 ms more (H100, medians of 4 processes)."""
-        if not self.first_run_prepared or type(self).prepare is CudaKernel.prepare:
-            self.compute(ctx)
-            return
-        self.be.activate(ctx.stream)
-        stack = ctx._workspace
-        if stack is not None:
-            stack.reset()  # as a frame's first run does (``executor._binder``)
-        try:
-            run = self.prepare(ctx)
-        except Exception as e:  # no prepared form for this case: compute stays correct
-            run = None
-            UNPREPARED.setdefault(self.info.op_type, f"{type(e).__name__}: {e}")
+        run = None
+        if self.first_run_prepared:
+            stack = ctx._workspace
+            if stack is not None:
+                stack.reset()  # as a frame's first run does (``executor._binder``)
+            run = self._prepared(ctx)
         if run is None:
             self.compute(ctx)
         else:

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from ..launch import compiled_function
 
 F32 = np.dtype(np.float32)
 try:
@@ -921,9 +922,7 @@ class _RowModule:
             if m is None or m.group(1) in self._entries:
                 raise ValueError(f"no kernel name, or a repeated one, in entry {piece[:80]!r}")
             self._entries[m.group(1)] = _EXTERN_C + piece
-        self._lock = threading.Lock()
-        self._modules: dict[str, Any] = {}
-        self._functions: dict[tuple[str, int], Any] = {}
+        self._functions: dict[tuple, Any] = {}  # (name, device) -> function
 
     def source(self, name: str) -> str:
         """The code compiled for entry point ``name``: the shared code and that entry."""
@@ -933,17 +932,7 @@ class _RowModule:
         return self._shared + entry
 
     def function(self, xp: Any, name: str) -> Any:
-        key = (name, xp.cuda.runtime.getDevice())
-        fn = self._functions.get(key)
-        if fn is None:
-            with self._lock:
-                module = self._modules.get(name)
-                if module is None:
-                    module = self._modules[name] = xp.RawModule(
-                        code=self.source(name), options=("--std=c++17",)
-                    )
-                fn = self._functions[key] = module.get_function(name)
-        return fn
+        return compiled_function(xp, name, lambda: self.source(name), self._functions)
 
 
 ROWS = _RowModule()
