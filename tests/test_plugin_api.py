@@ -374,3 +374,24 @@ def test_the_cpu_providers_deferred_registry_has_every_cpu_kernel():
     # every native kernel module registered something, and the reference long tail is there
     assert len(native_modules()) > 15
     assert reg.has_op("Conv") and reg.has_op("Hardmax") and reg.has_op("If")
+
+
+def test_warm_up_is_called_once_per_kernel_at_creation_and_a_failing_guess_is_ignored(
+    monkeypatch,
+):
+    """``Kernel.warm_up`` runs when the session creates the kernel (before any run); one that
+    raises does not fail the session: the run does the work."""
+    from onnxplug.providers.cpu.kernels.activation import Relu
+
+    calls: list[str] = []
+
+    def warm_up(self) -> None:
+        calls.append(self.info.name)
+        raise RuntimeError("a guess that does not compile")
+
+    monkeypatch.setattr(Relu, "warm_up", warm_up, raising=False)
+    sess = relu_session([CPU])
+    assert len(calls) == 2 and len(set(calls)) == 2  # the chain's two Relu nodes, once each
+    check_relu(sess)
+    check_relu(sess)
+    assert len(calls) == 2  # runs do not call it

@@ -349,6 +349,15 @@ class KernelInfo:
         except ValueError:
             return None
 
+    def input_shape(self, index: int) -> tuple[int | str | None, ...] | None:
+        """Input ``index``'s shape as the graph's types give it (ints for fixed dims, names
+        of symbolic ones, None for unknown ones); None when its rank is unknown."""
+        c = self._constants.get(index)
+        if c is not None and hasattr(c, "shape"):
+            return tuple(int(d) for d in c.shape)
+        t = self.input_types[index] if index < len(self.input_types) else None
+        return None if t is None or t.kind != "tensor" else t.shape
+
     def output_dtype(self, index: int) -> np.dtype | None:
         t = self.output_types[index] if index < len(self.output_types) else None
         if t is None or t.kind != "tensor" or not t.elem_type:
@@ -382,6 +391,13 @@ class Kernel:
 
     def __init__(self, info: KernelInfo):
         self.info = info
+
+    def warm_up(self) -> None:
+        """Called once when the session has created the kernel, before any run: start, in the
+        background, work that the node's first run would otherwise wait for (compiling device
+        code that its info, types and constant inputs tell it will run). It must return at
+        once, and a guess that fails must not raise: the run that needs the work does it, and
+        reports its errors. Nothing by default."""
 
     def compute(self, ctx: KernelContext) -> None:
         raise NotImplementedError(f"{type(self).__name__}.compute")

@@ -394,6 +394,12 @@ def build_runner(
                     f"{n.op_type} node '{n.name}' could not be prepared by {ep.name}: "
                     f"{type(e).__name__}: {e}"
                 ) from e
+            warm_up = getattr(kernel, "warm_up", None)  # (a kernel of an older plugin API)
+            try:
+                if warm_up is not None:
+                    warm_up()
+            except Exception:  # a guess: the first run does the work, and reports its errors
+                pass
             out_devs = tuple(_out_device(step_a, j) for j in range(len(n.outputs)))
         for d in out_devs:
             if not d.is_cpu and d not in allocators:

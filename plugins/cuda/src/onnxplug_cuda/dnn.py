@@ -240,6 +240,12 @@ class CudnnConv:
         self._warned: set[str] = set()
         self._pays: dict[ConvSpec, bool] = {}  # optional fusions: does the fused graph pay
 
+    def warm_up(self, kernel: Any) -> None:
+        """A convolution kernel's ``warm_up``: EXHAUSTIVE search times its candidates behind
+        the hold kernel, compiled in the background meanwhile."""
+        if self.algo == _EXHAUSTIVE:
+            kernel.precompile(*HOLD_KERNEL)
+
     def _warn(self, msg: str) -> None:
         if msg not in self._warned:
             self._warned.add(msg)
@@ -660,14 +666,18 @@ extern "C" __global__ void oxd_hold(unsigned long long ns) {
 """
 
 
+HOLD_KERNEL = ("oxd_hold", lambda: _HOLD_SRC)  # (name, source)
+
+
 def _hold_gpu(stream: int, ns: float) -> None:
     """Keep ``stream`` busy for about ``ns`` nanoseconds (one thread spinning on the GPU's
     global timer), so that work enqueued behind it runs back to back."""
     import cupy
 
-    from .launch import compiled_function, function_launch
+    from .compiler import compiled_function
+    from .launch import function_launch
 
-    kernel = compiled_function(cupy, "oxd_hold", lambda: _HOLD_SRC)
+    kernel = compiled_function(cupy, *HOLD_KERNEL)
     function_launch(kernel, (1,), (1,), (np.uint64(int(ns)),), stream)()
 
 

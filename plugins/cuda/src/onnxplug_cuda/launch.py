@@ -15,12 +15,12 @@ so same-shape and scalar-broadcast operands take a flat loop with no index arith
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from .compiler import compiled_function
 from .runtime import CudaError
 
 MAX_DIMS = 6
@@ -257,6 +257,25 @@ class RawElementwise:
         blocks = min((n // vec + _THREADS - 1) // _THREADS, 65535 * 8)
         return Launch(fn, (blocks, 1, 1), (_THREADS, 1, 1), stream, params, 0, self.name)
 
+    def precompile(self, kernel: Any, dtypes: Sequence[Any], flat: bool) -> None:
+        """For ``kernel``'s ``warm_up``: start compiling the operation over arrays of
+        ``dtypes`` (the parameters' order, no scalars) as ``bind`` compiles it for strided
+        operands, or (``flat``) for dense ones it cannot vectorize, with int indices."""
+        types: dict[str, str] = {}
+        params = self.ins + self.outs
+        if not self.supported() or len(dtypes) != len(params):
+            return
+        for (ptype, _, _), dt in zip(params, dtypes):
+            if not _fix_type(types, ptype, dt):
+                return
+        key = (tuple(sorted(types.items())), len(dtypes), flat, False, 1, ())
+        kernel.precompile(
+            "oxr_" + self.name,
+            lambda: self._source(types, [], flat=flat, wide=False),
+            self._functions,
+            key,
+        )
+
     def _function(self, xp: Any, key: tuple, types: dict[str, str], scalar_at: list[int]) -> Any:
         _, _, flat, wide, vec, shared, _ = key
 
@@ -435,33 +454,6 @@ extern "C" __global__ void ox_copy_units_%(v)d_%(w)s(const %(u)s* src, %(u)s* ds
   ox_copy_units<%(u)s, %(i)s>(src, dst, p);
 }
 """
-_compile_lock = threading.Lock()
-_functions: dict[tuple[str, int], Any] = {}
-
-
-def compiled_function(
-    xp: Any,
-    name: str,
-    source: Callable[[], str],
-    functions: dict[tuple, Any] | None = None,
-    key: tuple | None = None,
-) -> Any:
-    """Kernel ``name`` of the module ``source()`` writes (NVRTC, C++17), compiled once per
-    device: a function belongs to the device current when its module was loaded (the run's).
-    A kernel family whose sources share names keeps its own ``functions``, with ``key``
-    (ending with the device) naming the source; by default the cache is this module's, keyed by
-    (name, device)."""
-    cache = _functions if functions is None else functions
-    if key is None:
-        key = (name, xp.cuda.runtime.getDevice())
-    fn = cache.get(key)
-    if fn is None:
-        with _compile_lock:
-            fn = cache.get(key)
-            if fn is None:
-                module = xp.RawModule(code=source(), options=("--std=c++17",))
-                fn = cache[key] = module.get_function(name)
-    return fn
 
 
 def _unit_copy_function(xp: Any, unit: int, wide: bool) -> Any:

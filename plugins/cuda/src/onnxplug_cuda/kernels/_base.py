@@ -16,6 +16,7 @@ import numpy as np
 
 from onnxplug.ep import DeviceTensor, Kernel, KernelContext, KernelInfo, current_scratch, dtypes
 
+from ..compiler import precompile
 from ..launch import _NOOP, bound_calls, function_launch
 
 FLOATS = dtypes("float32", "float16", "float64")
@@ -76,6 +77,24 @@ class CudaKernel(Kernel):
         constant input, ``graph.graph.initializers``) returns False for the others, and the
         node goes to the next provider."""
         return True
+
+    # warm-up -------------------------------------------------------------------------------
+    def precompile(
+        self,
+        name: str,
+        source: Callable[[], str],
+        functions: dict[tuple, Any] | None = None,
+        key: tuple | None = None,
+    ) -> None:
+        """For ``warm_up``: start compiling, in the background, kernel ``name`` of
+        ``source()`` for this provider's device, as ``compiled_function(xp, name, source,
+        functions, key + (device,))`` will ask for it (``key`` None: the default cache)."""
+        if self.xp is np:
+            return
+        device = self.ep.ordinal
+        precompile(
+            self.xp, device, name, source, functions, None if key is None else (*key, device)
+        )
 
     # the prepare phase -----------------------------------------------------------------------
     def prepare(self, ctx: KernelContext) -> Callable[[], None] | None:

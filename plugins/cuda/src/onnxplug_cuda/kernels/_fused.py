@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..launch import compiled_function
+from ..compiler import compiled_function
 
 F32 = np.dtype(np.float32)
 try:
@@ -131,6 +131,13 @@ class Elementwise:
         if xp is np:
             twin = self.twin
             return lambda: twin(*args)
+        raw = self.raw()
+        if not raw.supported():
+            return None
+        return raw.bind(xp, args, stream)
+
+    def raw(self) -> Any:
+        """The operation as our raw kernel (``launch.RawElementwise``), made on first use."""
         raw = self._raw
         if raw is None:
             from ..launch import RawElementwise
@@ -138,13 +145,17 @@ class Elementwise:
             raw = self._raw = RawElementwise(
                 self.in_params, self.out_params, self.operation, self.name, self.preamble
             )
-        if not raw.supported():
-            return None
-        return raw.bind(xp, args, stream)
+        return raw
 
     def __call__(self, xp: Any, *args: Any) -> None:
+        """Run now on CuPy's current stream: the raw kernel the prepared form launches (a
+        process compiles one kernel for both), else CuPy's ElementwiseKernel."""
         if xp is np:
             self.twin(*args)
+            return
+        run = self.bind(xp, *args, stream=xp.cuda.get_current_stream().ptr)
+        if run is not None:
+            run()
             return
         k = self._kernel
         if k is None:
@@ -933,6 +944,12 @@ class _RowModule:
 
     def function(self, xp: Any, name: str) -> Any:
         return compiled_function(xp, name, lambda: self.source(name), self._functions)
+
+    def precompile(self, kernel: Any, name: str) -> None:
+        """Start compiling entry ``name`` for ``kernel``'s device, in the background (its
+        ``warm_up``)."""
+        self.source(name)  # a name that is not here fails now, not in the background
+        kernel.precompile(name, lambda: self.source(name), self._functions, (name,))
 
 
 ROWS = _RowModule()

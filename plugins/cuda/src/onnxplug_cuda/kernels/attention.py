@@ -887,9 +887,9 @@ class Attention(_AttentionBase):
             and not ctx.has_output(1)
             and self._fused_f32_applies(qkv, (b, n, s, h, hv))
         ):
-            # the kernel the prepared form runs: a first run gives what later runs give
-            add = self.additive(ctx, attn_bias, mask, (b, n, s, s))
-            add = None if add is None else xp.ascontiguousarray(add)
+            # the kernels the prepared form runs: a first run gives what later runs give, and
+            # compiles what they launch
+            add = self._first_run_term(ctx, attn_bias, mask, (b, n, s, s))
             y = self.alloc(ctx, 0, (b, s, n * hv), dt)
             scale = self.scale if self.scale is not None else 1.0 / math.sqrt(h)
             dims = (b, n, s, h, hv, dq, dk)
@@ -1020,17 +1020,37 @@ class Attention(_AttentionBase):
         """The tensor-core kernel (``FUSED_ATTENTION_MMA``): TF32 allowed (``use_tf32``), an
         sm_80 or later device, heads of 64, and keys and values in 16-byte rows (cp.async)."""
         b, n, s, h, hv = dims[:5]
-        total, dq = qkv.shape[1], h * n
+        return (
+            qkv.dtype == np.float32
+            and self._mma_fits(qkv.shape[1], h * n, h, hv)  # (not the simulation's arrays)
+            and int(qkv.data.ptr) % 16 == 0
+        )
+
+    def _mma_fits(self, total: int, dq: int, h: int, hv: int) -> bool:
+        """What ``_mma_applies`` asks of the node and device (float32 operands aside)."""
         return (
             bool(self.ep.options.use_tf32)
             and self.xp is not np
-            and qkv.dtype == np.float32
             and h == hv == MMA_HEAD
             and total % 4 == 0
             and dq % 4 == 0
-            and int(qkv.data.ptr) % 16 == 0
             and _compute_capability(self.ep.ordinal) >= 8
         )
+
+    def warm_up(self) -> None:
+        """float32 with the weights constant: the tensor-core kernels of both block shapes
+        (the first one batch 1 with 128 tokens takes), compiled in the background. Its compile
+        was the longest of BERT-base's and GPT-2's first runs (0.57-0.66 s on an H100 host)."""
+        w = self.info.constant_input(1)
+        if self.dtype != np.float32 or w is None or w.ndim != 2:
+            return
+        n, total = self.heads, int(w.shape[1])
+        dq, dk, dv = self.sizes or [total // 3] * 3
+        if n <= 0 or dq % n or dv % n or not self._mma_fits(total, dq, dq // n, dv // n):
+            return
+        first = mma_shape(128, n, _multiprocessors(self.ep.ordinal))
+        for qg, ks in sorted(MMA_SHAPES, key=lambda shape: shape != first):
+            FUSED_ATTENTION_MMA.precompile(self, f"oxa_mma_f32_{qg}x{ks}")
 
     def _fused_f32(self, qkv: Any, y: Any, add: Any, dims: tuple, scale: float, sh: int) -> Any:
         """The fused float32 attention over the packed projection ``qkv`` (B*S, Q|K|V), read
@@ -1206,6 +1226,25 @@ class Attention(_AttentionBase):
         copies_out = [F.COPY.bind(xp, ctx4.transpose(0, 2, 1, 3), out4, stream=sh)]
         return qk, pv, copies_in, copies_out
 
+    def _first_run_term(self, ctx: KernelContext, attn_bias: Any, mask: Any, shape: tuple) -> Any:
+        """The float32 additive term for ``compute``: made by the prepared form's kernel, on
+        temporaries, where it has one."""
+        xp = self.xp
+        make = self._additive_source(attn_bias, mask, shape, np.dtype(np.float32))
+        if make is None:
+            return None
+        if make is not _UNSUPPORTED:
+            try:
+                add, call = make(xp.empty, self.stream_handle(ctx))
+            except RuntimeError:
+                pass  # CuPy's operations, below
+            else:
+                if call is not None:
+                    call()
+                return add
+        add = self.additive(ctx, attn_bias, mask, shape)
+        return None if add is None else xp.ascontiguousarray(add)
+
     def _additive_source(self, attn_bias: Any, mask: Any, shape: tuple, wide: np.dtype) -> Any:
         """How the additive term (attention bias plus the mask's filter value) is made each
         run: None (no term), or a function (buf, stream) -> (array, bound call or None)."""
@@ -1239,6 +1278,12 @@ class Attention(_AttentionBase):
                 keep = self._causal_keep[(s, t)] = xp.asarray(visible.astype(np.uint8))
 
         def make(buf: Any, sh: int) -> tuple[Any, Any]:
+            out, call = _make(buf, sh)
+            if call is None and out is not bias4:
+                raise RuntimeError("the attention term's kernel does not take these operands")
+            return out, call
+
+        def _make(buf: Any, sh: int) -> tuple[Any, Any]:
             if mask4 is None and keep is None:
                 assert bias4 is not None
                 if bias4.dtype == wide:

@@ -372,6 +372,13 @@ class SkipLayerNormalization(_Typed):
         self.eps = float(info.attr("epsilon", 1e-12))  # onnxruntime's default
         self._plans: dict[tuple, tuple] = {}
 
+    def warm_up(self) -> None:
+        gamma = self.info.input_shape(2)  # (cols,)
+        if self.dtype is not None and self.dtype in GELU_TYPES and gamma and gamma[0]:
+            if isinstance(gamma[0], int):  # planned memory: 16-byte aligned operands
+                name, _ = skip_ln_kernel(F.storage_key(self.dtype), gamma[0], ())
+                SKIP_LN_ROWS.precompile(self, name)
+
     def _plan(self, xs: tuple, ss: tuple, has_bias: bool) -> tuple:
         """(output shape, whether x and skip must be made dense, skip rows read in place)."""
         shape = shapes.broadcast_shapes(xs, ss)

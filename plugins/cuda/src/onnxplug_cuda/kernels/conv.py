@@ -257,6 +257,10 @@ class _ConvBase(CudaKernel):
         self._geo: dict[tuple, _Geometry] = {}
         self.last_path = ""  # "cudnn" or "fallback": the path the last call took (for tests)
 
+    def warm_up(self) -> None:
+        if self.dnn is not None:
+            self.dnn.warm_up(self)
+
     @classmethod
     def claims(cls, node: Any, graph: Any) -> bool:
         act = node.attrs.get("activation")

@@ -28,13 +28,15 @@ Under the host simulation (``xp`` is numpy) the same ops use numpy equivalents
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
 
-from ..launch import _NOOP, _UNITS, compiled_function, function_launch
+from ..compiler import compiled_function
+from ..launch import _NOOP, _UNITS, function_launch
 from ._base import ALL_FIXED, ALL_FIXED_BF16, BF16, NUMERIC, CudaKernel
 from .tensor import CPU, INDEX
 
@@ -223,6 +225,11 @@ class Gather(CudaKernel):
         super().__init__(info)
         self.axis = int(info.attr("axis", 0))
 
+    def warm_up(self) -> None:
+        data = self.info.input_shape(0)
+        if data is not None and -len(data) <= self.axis < len(data):
+            _warm_gather(self, data[self.axis % len(data) + 1 :])
+
     def _shapes(self, ctx: KernelContext) -> tuple[int, tuple[int, ...]]:
         t, it = ctx.input(0), ctx.input(1)
         axis = shapes.normalize_axis(self.axis, t.ndim)
@@ -297,6 +304,12 @@ class GatherND(CudaKernel):
     def __init__(self, info: KernelInfo):
         super().__init__(info)
         self.b = int(info.attr("batch_dims", 0))
+
+    def warm_up(self) -> None:
+        data, idx = self.info.input_shape(0), self.info.input_shape(1)
+        if data is not None and idx and isinstance(idx[-1], int):
+            if self.b + idx[-1] <= len(data) and idx[-1] <= _GATHER_MAX_K:
+                _warm_gather(self, data[self.b + idx[-1] :])
 
     def _geometry(self, ctx: KernelContext) -> tuple[int, int, int, tuple[int, ...], int, tuple]:
         """(k, batch, rows, indexed dims, inner, output shape)."""
@@ -390,6 +403,38 @@ class _GatherParams(ctypes.Structure):
     ]
 
 
+def _gather_kernel(unit: int, index_dtype: np.dtype) -> tuple[str, Callable[[], str]]:
+    """(name, source) of the gather kernel moving ``unit``-byte units by indices of
+    ``index_dtype`` (int32 or int64)."""
+    i32 = index_dtype == np.int32
+    name = f"ox_gather_{unit}_{'i32' if i32 else 'i64'}"
+    fields = {"name": name, "u": dict(_UNITS)[unit], "i": "int" if i32 else "long long"}
+    return name, lambda: _GATHER_SRC + _GATHER_ENTRY % fields
+
+
+def _gather_unit(row_bytes: int, *ptrs: int) -> int:
+    """The widest unit (up to 16 bytes) dividing a row of ``row_bytes`` and every pointer."""
+    g = row_bytes
+    for p in ptrs:
+        g |= p
+    return min(16, g & -g)
+
+
+def _warm_gather(kernel: CudaKernel, inner_shape: Any) -> None:
+    """``warm_up`` of Gather/GatherND: the gather kernel for rows of ``inner_shape`` (the
+    data's dims each index picks rows of) where those dims are fixed; planned memory is
+    aligned beyond 16 bytes."""
+    info = kernel.info
+    dt, it = info.input_dtype(0), info.input_dtype(1)
+    if dt is None or it not in _GATHER_INDEX or inner_shape is None:
+        return
+    if not all(isinstance(d, int) for d in inner_shape):
+        return
+    inner = shapes.size_of(tuple(inner_shape))
+    if inner:
+        kernel.precompile(*_gather_kernel(_gather_unit(inner * dt.itemsize), it))
+
+
 def _bind_gather(
     kernel: CudaKernel,
     ctx: KernelContext,
@@ -405,20 +450,14 @@ def _bind_gather(
     of ``inner`` elements within the ``src_outer`` rows of outer slice ``o``."""
     x, idx = kernel.arg(ctx, 0), kernel.arg(ctx, 1)
     isz = y.itemsize
-    g = inner * isz | int(x.data.ptr) | int(y.data.ptr)
-    unit = min(16, g & -g)
+    unit = _gather_unit(inner * isz, int(x.data.ptr), int(y.data.ptr))
     p = _GatherParams()
     p.inner = inner * isz // unit
     p.n = y.size * isz // unit
     p.rows, p.idx_outer, p.src_outer, p.k = rows, idx_outer, src_outer, len(dims)
     for d, n in enumerate(dims):
         p.dims[d] = n
-    i = "int" if idx.dtype == np.int32 else "long long"
-    name = f"ox_gather_{unit}_{'i32' if idx.dtype == np.int32 else 'i64'}"
-    u = dict(_UNITS)[unit]
-    fn = compiled_function(
-        kernel.xp, name, lambda: _GATHER_SRC + _GATHER_ENTRY % {"name": name, "u": u, "i": i}
-    )
+    fn = compiled_function(kernel.xp, *_gather_kernel(unit, idx.dtype))
     blocks = min(-(-p.n // 256), 65535 * 8)
     return function_launch(fn, (blocks,), (256,), (x, idx, y, p), kernel.stream_handle(ctx))
 

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from onnxplug.ep import NHWC_DOMAIN, KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
 
-from ..launch import compiled_function, function_launch
+from ..compiler import compiled_function
+from ..launch import function_launch
 from ._base import CudaKernel
 from .conv import nchw_dims, nhwc_dims, pad_spatial
 
@@ -144,7 +146,8 @@ _RAW_TYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
               np.dtype(np.float64): "double"}  # fmt: skip
 
 
-def _raw_pool_function(xp: Any, mode: str, dtype: np.dtype) -> Any:
+def _raw_pool_kernel(mode: str, dtype: np.dtype) -> tuple[str, Callable[[], str]]:
+    """(name, source) of the pooling kernel for ``mode`` and ``dtype``."""
     name = f"oxp_{mode}pool_{dtype.name}"
 
     def source() -> str:
@@ -154,7 +157,7 @@ def _raw_pool_function(xp: Any, mode: str, dtype: np.dtype) -> Any:
         acc = "double" if dtype == np.float64 else "float"
         return src.replace("ACC", acc).replace("NAME", name).replace("CUDART_INF", "OX_INF")
 
-    return compiled_function(xp, name, source)
+    return name, source
 
 
 def _taps(kernel, strides, dilations, out_spatial):
@@ -189,6 +192,11 @@ class _Pool(CudaKernel):
         self._geo: dict[tuple, tuple] = {}
         # more than 3 spatial dims take a path that uploads host tables per call
         self.graph_capturable = n <= 3
+
+    def warm_up(self) -> None:
+        if self.dtype in _RAW_TYPES and len(self.kernel) <= 3:
+            mode = "max_values" if self.mode == "max" and not self.info.has_output(1) else self.mode
+            self.precompile(*_raw_pool_kernel(mode, self.dtype))
 
     def geometry(self, shape: tuple[int, ...]) -> tuple:
         """(output shape, pads, pads extended at the end so every window fits, kernel args)."""
@@ -270,7 +278,7 @@ class _Pool(CudaKernel):
         if y.size == 0:
             return lambda: None
         mode = "max_values" if self.mode == "max" and idx is None else self.mode
-        fn = _raw_pool_function(self.xp, mode, self.dtype)
+        fn = compiled_function(self.xp, *_raw_pool_kernel(mode, self.dtype))
         i32 = [np.int32(a) for a in args]
         ch = np.int32(x.shape[-1] if cl else 1)
         params = (x, *i32, np.int32(self.flag), np.float64(self.p), ch, y, idx, np.int64(y.size))
@@ -428,6 +436,10 @@ class _GlobalPool(CudaKernel):
 
     raw_mode = ""  # the prepared form's reduction ("avg", "max"; "" none)
 
+    def warm_up(self) -> None:
+        if self.raw_mode and self.dtype in _RAW_TYPES:
+            self.precompile(*_global_pool_kernel(self.raw_mode, self.dtype))
+
     def prepare(self, ctx: KernelContext) -> Any:
         """One bound launch of ``_GLOBAL_POOL`` (a thread per output, walking its S inputs),
         where CuPy's mean/max parsed arguments and chose a reduction on every call (200 us of
@@ -450,7 +462,7 @@ class _GlobalPool(CudaKernel):
         else:
             y = self.alloc(ctx, 0, (N, C) + ones, self.dtype)
             steps = (C * S, 1, S)
-        fn = _global_pool_function(self.xp, self.raw_mode, self.dtype)
+        fn = compiled_function(self.xp, *_global_pool_kernel(self.raw_mode, self.dtype))
         params = (x, y, np.int64(C), np.int64(S), *(np.int64(v) for v in steps), np.int64(y.size))
         blocks = min((y.size + 255) // 256, 65535 * 8)
         return function_launch(fn, (blocks,), (256,), params, self.stream_handle(ctx))
@@ -505,7 +517,8 @@ _GLOBAL_STEPS = {
 }
 
 
-def _global_pool_function(xp: Any, mode: str, dtype: np.dtype) -> Any:
+def _global_pool_kernel(mode: str, dtype: np.dtype) -> tuple[str, Callable[[], str]]:
+    """(name, source) of the global pooling kernel for ``mode`` and ``dtype``."""
     name = f"oxp_global_{mode}pool_{dtype.name}"
 
     def source() -> str:
@@ -514,7 +527,7 @@ def _global_pool_function(xp: Any, mode: str, dtype: np.dtype) -> Any:
         src = src.replace("ELEM", _RAW_TYPES[dtype]).replace("NAME", name)
         return src.replace("ACC", "double" if dtype == np.float64 else "float")
 
-    return compiled_function(xp, name, source)
+    return name, source
 
 
 # ``com.ms.internal.nhwc`` pools (the layout pass's channels-last rewrites of 2-D pools)

@@ -247,6 +247,12 @@ class Transpose(_Copies):
         self.perm = None if perm is None else tuple(int(p) for p in perm)
         self._memo: tuple[Any, Any] = (None, None)  # (input shape, (perm, out shape, is view))
 
+    def warm_up(self) -> None:
+        """A permutation that moves the last axis copies through the strided copy kernel."""
+        dt, perm = self.info.input_dtype(0), self.perm
+        if dt is not None and perm and perm[-1] != len(perm) - 1:
+            F.COPY.raw().precompile(self, (dt, dt), flat=False)
+
     def _plan(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
         perm = self.perm if self.perm else tuple(reversed(range(len(shape))))
         out = tuple(shape[p] for p in perm)

@@ -1,0 +1,236 @@
+"""Our CUDA kernels' compiles: each source once per device, and where it can be, in the
+background before the run that needs it.
+
+``compiled_function`` is the one cache every kernel family compiles through (NVRTC via CuPy's
+``RawModule``, C++17). A compile is single-flight: a thread asking for a kernel another thread
+is compiling waits for that compile instead of starting its own.
+
+``precompile`` starts a compile on a few background threads and returns at once. Kernels call
+it when the session creates them (``Kernel.warm_up``), for the code their node info says the
+first run will need. NVRTC releases the interpreter lock while it compiles, so these compiles
+run beside the rest of session creation, and beside each other (an H100 host took 0.1-0.6 s per
+kernel; BERT-base's first run compiled eleven of them one after another). A guess that turns
+out wrong costs a background compile; a compile that fails in the background is retried by the
+run that asks for the kernel, which then reports the error.
+
+A kernel that an earlier process compiled (``onnxplug-compiled.txt`` in CuPy's kernel cache
+folder lists them) is not queued: the run loads it from that cache in a few ms, and background
+loads slowed a warm process's first run (ResNet-50 b1 on an H100 host: 174-178 ms without them,
+274-323 ms with).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+OPTIONS = ("--std=c++17",)
+# background compile threads: NVRTC compiles scaled about 2x on 4 threads of an H100 host,
+# and no further beyond
+PRECOMPILE_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))
+# ONNXPLUG_PRECOMPILE=0: no background compiles (each kernel is compiled by the run that needs it)
+ENV_PRECOMPILE = "ONNXPLUG_PRECOMPILE"
+
+_lock = threading.Lock()
+_functions: dict[tuple, Any] = {}
+
+
+class _Compiling:
+    """A compile queued or under way: threads asking for the kernel wait for it, or compile it
+    themselves if no thread has begun it yet (a background queue does not delay a run)."""
+
+    __slots__ = ("done", "error", "function", "started")
+
+    def __init__(self, started: bool) -> None:
+        self.started = started
+        self.done = threading.Event()
+        self.function: Any = None
+        self.error: BaseException | None = None
+
+
+def compiled_function(
+    xp: Any,
+    name: str,
+    source: Callable[[], str],
+    functions: dict[tuple, Any] | None = None,
+    key: tuple | None = None,
+) -> Any:
+    """Kernel ``name`` of the module ``source()`` writes, compiled once per device: a function
+    belongs to the device current when its module was loaded (the run's). A kernel family whose
+    sources share names keeps its own ``functions``, with ``key`` (ending with the device)
+    naming the source; by default the cache is this module's, keyed by (name, device)."""
+    cache = _functions if functions is None else functions
+    if key is None:
+        key = (name, xp.cuda.runtime.getDevice())
+    fn = cache.get(key)
+    if fn is not None and type(fn) is not _Compiling:
+        return fn
+    while True:
+        with _lock:
+            entry = cache.get(key)
+            if entry is not None and type(entry) is not _Compiling:
+                return entry
+            if entry is None:
+                entry = cache[key] = _Compiling(started=True)
+                mine = True
+            else:
+                mine = not entry.started  # a queued guess no thread has begun: compile it here
+                entry.started = True
+        if mine:
+            return _compile(xp, name, source, cache, key, entry)
+        entry.done.wait()
+        if entry.error is None:
+            return entry.function
+        # that compile failed (a background guess, perhaps): compile here, and report its error
+
+
+def _compile(
+    xp: Any, name: str, source: Callable[[], str], cache: dict, key: tuple, entry: _Compiling
+) -> Any:
+    try:
+        text = source()
+        fn = xp.RawModule(code=text, options=OPTIONS).get_function(name)
+        _remember(xp, text)
+    except BaseException as e:
+        with _lock:
+            if cache.get(key) is entry:
+                del cache[key]
+        entry.error = e
+        entry.done.set()
+        raise
+    with _lock:
+        cache[key] = fn
+    entry.function = fn
+    entry.done.set()
+    return fn
+
+
+_INDEX = "onnxplug-compiled.txt"
+_compiled_before: set[str] | None = None  # digests of the sources in the index
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1("\0".join((text, *OPTIONS)).encode()).hexdigest()
+
+
+def _index_path(xp: Any) -> str | None:
+    """The index of compiled sources, beside CuPy's kernel cache (None: CuPy keeps kernels in
+    memory only, or has no such folder)."""
+    if os.environ.get("CUPY_CACHE_IN_MEMORY", "0").strip() not in ("", "0"):
+        return None
+    try:
+        return os.path.join(xp.cuda.compiler.get_cache_dir(), _INDEX)
+    except Exception:
+        return None
+
+
+def _known(xp: Any) -> set[str]:
+    global _compiled_before
+    if _compiled_before is None:
+        found: set[str] = set()
+        path = _index_path(xp)
+        if path is not None:
+            try:
+                with open(path) as fh:
+                    found = {line.strip() for line in fh if line.strip()}
+            except OSError:
+                pass
+        _compiled_before = found
+    return _compiled_before
+
+
+def _remember(xp: Any, text: str) -> None:
+    """Add a compiled source to the index (one line, appended: processes may share it)."""
+    known, digest = _known(xp), _digest(text)
+    if digest in known:
+        return
+    known.add(digest)
+    path = _index_path(xp)
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (digest + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # an unwritable cache: later processes compile in the background again
+
+
+_queue: queue.SimpleQueue | None = None
+_workers: list[threading.Thread] = []
+_closing = False
+
+
+def precompile(
+    xp: Any,
+    device: int,
+    name: str,
+    source: Callable[[], str],
+    functions: dict[tuple, Any] | None = None,
+    key: tuple | None = None,
+) -> None:
+    """Queue the compile that ``compiled_function(xp, name, source, functions, key)`` will ask
+    for on ``device`` (``key`` ending with it) for a background thread; return at once."""
+    global _queue
+    if os.environ.get(ENV_PRECOMPILE, "1").strip() == "0":
+        return
+    cache = _functions if functions is None else functions
+    if key is None:
+        key = (name, device)
+    if key in cache or _digest(source()) in _known(xp):
+        return  # compiled, queued or under way; or in the kernel cache (the run loads it)
+    with _lock:
+        if _closing or key in cache:
+            return  # exiting; or compiled, queued or under way
+        entry = cache[key] = _Compiling(started=False)
+        if _queue is None:
+            _queue = queue.SimpleQueue()
+            for i in range(PRECOMPILE_THREADS):
+                t = threading.Thread(
+                    target=_worker, args=(_queue,), name=f"onnxplug-precompile-{i}", daemon=True
+                )
+                t.start()
+                _workers.append(t)
+            atexit.register(_stop)
+        jobs = _queue
+    jobs.put((xp, device, name, source, cache, key, entry))
+
+
+def _worker(jobs: queue.SimpleQueue) -> None:
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        xp, device, name, source, cache, key, entry = job
+        with _lock:
+            if entry.started or _closing:
+                continue  # a run took it over; or the process exits
+            entry.started = True
+        try:
+            with xp.cuda.Device(device):
+                _compile(xp, name, source, cache, key, entry)
+        except BaseException:
+            pass  # the run that needs the kernel compiles it again, and reports the error
+
+
+def _stop() -> None:
+    """At exit: skip the queued compiles and wait for those under way. A compile left running
+    in a daemon thread while the process tears its libraries down corrupted the heap (an H100
+    host: ``malloc_consolidate(): unaligned fastbin chunk detected``, exit -6)."""
+    global _closing
+    with _lock:
+        _closing = True
+        jobs, workers = _queue, list(_workers)
+    if jobs is None:
+        return
+    for _ in workers:
+        jobs.put(None)
+    for t in workers:
+        t.join(timeout=60)

@@ -1,0 +1,165 @@
+"""Kernels' ``warm_up`` on the CUDA provider: session creation queues, in the background, the
+compiles its first run needs (embedding Gather, a transposing copy, pooling, SkipLayerNorm,
+float32 fused attention), so that the first run compiles none of them; results as on the CPU
+provider."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tests.attention_models import attention_node_model
+from tests.gpu._cuda import CPU, CUDA, cuda_marks
+
+import onnxplug as ox
+
+pytestmark = cuda_marks
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """Empty compile caches for the kernel families the models use, and the compiles made:
+    (kernel name, thread name)."""
+    from onnxplug_cuda import compiler
+    from onnxplug_cuda.kernels import _fused as F
+    from onnxplug_cuda.kernels import attention, contrib
+
+    caches = [{} for _ in range(5)]
+    monkeypatch.setattr(compiler, "_functions", caches[0])
+    monkeypatch.setattr(contrib.SKIP_LN_ROWS, "_functions", caches[1])
+    monkeypatch.setattr(attention.FUSED_ATTENTION_MMA, "_functions", caches[2])
+    monkeypatch.setattr(F.COPY.raw(), "_functions", caches[3])
+    monkeypatch.setattr(F.UNARY_KERNELS["Gelu"].plain.raw(), "_functions", caches[4])
+    made: list[tuple[str, str]] = []
+    real = compiler._compile
+
+    def spy(xp, name, source, cache, key, entry):
+        made.append((name, threading.current_thread().name))
+        return real(xp, name, source, cache, key, entry)
+
+    monkeypatch.setattr(compiler, "_compile", spy)
+
+    def settled() -> None:
+        """Wait for the background compiles."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not any(type(v) is compiler._Compiling for c in caches for v in c.values()):
+                return
+            time.sleep(0.01)
+        raise AssertionError("background compiles did not finish")
+
+    return made, settled
+
+
+def _ops_model() -> bytes:
+    """ids -> embedding Gather (rows of 32 float32) -> Transpose (0, 2, 1) -> as an image:
+    MaxPool, GlobalAveragePool; and the embeddings through SkipLayerNormalization."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((50, 32)).astype(np.float32)
+    gamma, beta = np.ones(32, np.float32), np.zeros(32, np.float32)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"]),
+        helper.make_node("Transpose", ["emb"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Unsqueeze", ["t", "axis"], ["img"]),
+        helper.make_node("MaxPool", ["img"], ["pooled"], kernel_shape=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["pooled"], ["avg"]),
+        helper.make_node(
+            "SkipLayerNormalization",
+            ["emb", "skip", "gamma", "beta"],
+            ["ln"],
+            domain="com.microsoft",
+        ),  # fmt: skip
+    ]
+    g = helper.make_graph(
+        nodes,
+        "ops",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("skip", TensorProto.FLOAT, ["batch", "seq", 32]),
+        ],
+        [
+            helper.make_tensor_value_info("avg", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("ln", TensorProto.FLOAT, None),
+        ],
+        [
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(gamma, "gamma"),
+            numpy_helper.from_array(beta, "beta"),
+            numpy_helper.from_array(np.array([1], np.int64), "axis"),
+        ],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(g, opset_imports=opsets).SerializeToString()
+
+
+def _check(model: bytes, feeds: dict, compiles, expected: set[str], rtol: float) -> None:
+    made, settled = compiles
+    cuda = ox.InferenceSession(model, providers=[CUDA, CPU])
+    settled()
+    background = {name for name, thread in made if thread.startswith("onnxplug-precompile-")}
+    assert expected <= background, f"queued at creation: {sorted(background)}"
+    made.clear()
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)
+    for k in range(3):
+        got = cuda.run(None, feeds)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol)
+        ran = {name for name, _ in made}
+        assert not ran & background, f"compiled again in run {k}: {sorted(ran & background)}"
+        if k:
+            # the first run compiled the kernels the prepared runs launch
+            assert not ran, f"run {k} compiled {sorted(ran)}"
+        made.clear()
+
+
+def test_creation_compiles_what_the_first_run_of_the_ops_needs(compiles):
+    rng = np.random.default_rng(1)
+    feeds = {
+        "ids": rng.integers(-50, 50, (2, 6)).astype(np.int64),
+        "skip": rng.standard_normal((2, 6, 32)).astype(np.float32),
+    }
+    from onnxplug_cuda.kernels.contrib import skip_ln_kernel
+
+    expected = {
+        "ox_gather_16_i64",  # rows of 128 bytes
+        "oxr_ox_copy",  # the transpose
+        "oxp_max_valuespool_float32",
+        "oxp_global_avgpool_float32",
+        skip_ln_kernel("f32", 32, ())[0],
+    }
+    _check(_ops_model(), feeds, compiles, expected, 1e-5)
+
+
+def test_creation_compiles_the_float32_attention_kernels(compiles):
+    """Heads of 64 with TF32 allowed: both tensor-core block shapes, in the background."""
+    model = attention_node_model(1, 40, 128, 2, "2d", False, np.float32)
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((1, 40, 128)).astype(np.float32)}
+    feeds["mask"] = np.ones((1, 40), np.int32)
+    _check(model, feeds, compiles, {"oxa_mma_f32_1x4", "oxa_mma_f32_2x2"}, 1e-2)
+
+
+def test_an_activation_after_a_gemm_compiles_one_kernel_for_every_run(compiles):
+    """MatMulBias with the erf Gelu (cuBLASLt's bias epilogue, then the Gelu kernel in place):
+    the first run (``compute``) launches the raw kernel the prepared runs launch. It ran
+    CuPy's ElementwiseKernel, and BERT-base's second run compiled the raw one (52 ms)."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    bias = rng.standard_normal(96).astype(np.float32)
+    node = helper.make_node(
+        "MatMulBias", ["a", "w", "bias"], ["y"], domain="ai.onnxplug", activation="Gelu"
+    )
+    g = helper.make_graph(
+        [node],
+        "mmb",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 7, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "bias")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnxplug", 1)]
+    model = helper.make_model(g, opset_imports=opsets).SerializeToString()
+    feeds = {"a": rng.standard_normal((2, 7, 64)).astype(np.float32)}
+    _check(model, feeds, compiles, set(), 1e-2)
