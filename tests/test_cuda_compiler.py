@@ -68,6 +68,8 @@ class _Xp:
 @pytest.fixture
 def xp(monkeypatch):
     monkeypatch.setattr(C, "_functions", {})
+    monkeypatch.setenv("CUPY_CACHE_IN_MEMORY", "1")  # no index of compiled sources on disk
+    monkeypatch.setattr(C, "_compiled_before", None)
     _Xp.compiles.clear()
     _Xp.delay = 0.0
     _Xp.fail = set()
@@ -191,12 +193,7 @@ def test_a_kernel_an_earlier_process_compiled_is_not_queued(xp, monkeypatch, tmp
     """The index beside CuPy's kernel cache: what a process compiled, a later one loads from
     that cache in its run instead of loading it in the background."""
 
-    class compiler:  # CuPy's cupy.cuda.compiler
-        @staticmethod
-        def get_cache_dir() -> str:
-            return str(tmp_path)
-
-    monkeypatch.setattr(xp.cuda, "compiler", compiler, raising=False)
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CUPY_CACHE_IN_MEMORY", raising=False)
     monkeypatch.setattr(C, "_compiled_before", None)
     C.compiled_function(xp, "seen", _src("seen"))

@@ -41,6 +41,8 @@ def compiles(monkeypatch):
         return real(xp, name, source, cache, key, entry)
 
     monkeypatch.setattr(compiler, "_compile", spy)
+    # as a process whose kernel cache is empty (not the sources earlier tests compiled)
+    monkeypatch.setattr(compiler, "_compiled_before", set())
 
     def settled() -> None:
         """Wait for the background compiles."""

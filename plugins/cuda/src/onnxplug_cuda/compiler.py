@@ -95,7 +95,7 @@ def _compile(
     try:
         text = source()
         fn = xp.RawModule(code=text, options=OPTIONS).get_function(name)
-        _remember(xp, text)
+        _remember(text)
     except BaseException as e:
         with _lock:
             if cache.get(key) is entry:
@@ -118,22 +118,20 @@ def _digest(text: str) -> str:
     return hashlib.sha1("\0".join((text, *OPTIONS)).encode()).hexdigest()
 
 
-def _index_path(xp: Any) -> str | None:
-    """The index of compiled sources, beside CuPy's kernel cache (None: CuPy keeps kernels in
-    memory only, or has no such folder)."""
+def _index_path() -> str | None:
+    """The index of compiled sources, in CuPy's kernel cache folder (its documented default
+    and variable); None where CuPy keeps kernels in memory only."""
     if os.environ.get("CUPY_CACHE_IN_MEMORY", "0").strip() not in ("", "0"):
         return None
-    try:
-        return os.path.join(xp.cuda.compiler.get_cache_dir(), _INDEX)
-    except Exception:
-        return None
+    folder = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+    return os.path.join(folder, _INDEX)
 
 
-def _known(xp: Any) -> set[str]:
+def _known() -> set[str]:
     global _compiled_before
     if _compiled_before is None:
         found: set[str] = set()
-        path = _index_path(xp)
+        path = _index_path()
         if path is not None:
             try:
                 with open(path) as fh:
@@ -144,13 +142,13 @@ def _known(xp: Any) -> set[str]:
     return _compiled_before
 
 
-def _remember(xp: Any, text: str) -> None:
+def _remember(text: str) -> None:
     """Add a compiled source to the index (one line, appended: processes may share it)."""
-    known, digest = _known(xp), _digest(text)
+    known, digest = _known(), _digest(text)
     if digest in known:
         return
     known.add(digest)
-    path = _index_path(xp)
+    path = _index_path()
     if path is None:
         return
     try:
@@ -184,7 +182,7 @@ def precompile(
     cache = _functions if functions is None else functions
     if key is None:
         key = (name, device)
-    if key in cache or _digest(source()) in _known(xp):
+    if key in cache or _digest(source()) in _known():
         return  # compiled, queued or under way; or in the kernel cache (the run loads it)
     with _lock:
         if _closing or key in cache:
