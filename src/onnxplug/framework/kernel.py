@@ -396,8 +396,8 @@ class Kernel:
         """Called once when the session has created the kernel, before any run: start, in the
         background, work that the node's first run would otherwise wait for (compiling device
         code that its info, types and constant inputs tell it will run). It must return at
-        once, and a guess that fails must not raise: the run that needs the work does it, and
-        reports its errors. Nothing by default."""
+        once; the session ignores one that raises (a guess that fails: the run that needs the
+        work does it, and reports its errors). Nothing by default."""
 
     def compute(self, ctx: KernelContext) -> None:
         raise NotImplementedError(f"{type(self).__name__}.compute")

@@ -53,6 +53,16 @@ class _Compiling:
         self.error: BaseException | None = None
 
 
+def _cache_and_key(
+    functions: dict[tuple, Any] | None, key: tuple | None, name: str, device: Callable[[], int]
+) -> tuple[dict[tuple, Any], tuple]:
+    """The cache a kernel belongs in and its key there: a family's own, or this module's keyed
+    by (name, device)."""
+    return (_functions if functions is None else functions), (
+        (name, device()) if key is None else key
+    )
+
+
 def compiled_function(
     xp: Any,
     name: str,
@@ -64,9 +74,7 @@ def compiled_function(
     belongs to the device current when its module was loaded (the run's). A kernel family whose
     sources share names keeps its own ``functions``, with ``key`` (ending with the device)
     naming the source; by default the cache is this module's, keyed by (name, device)."""
-    cache = _functions if functions is None else functions
-    if key is None:
-        key = (name, xp.cuda.runtime.getDevice())
+    cache, key = _cache_and_key(functions, key, name, xp.cuda.runtime.getDevice)
     fn = cache.get(key)
     if fn is not None and type(fn) is not _Compiling:
         return fn
@@ -179,9 +187,7 @@ def precompile(
     global _queue
     if os.environ.get(ENV_PRECOMPILE, "1").strip() == "0":
         return
-    cache = _functions if functions is None else functions
-    if key is None:
-        key = (name, device)
+    cache, key = _cache_and_key(functions, key, name, lambda: device)
     if key in cache or _digest(source()) in _known():
         return  # compiled, queued or under way; or in the kernel cache (the run loads it)
     with _lock:
