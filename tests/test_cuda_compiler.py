@@ -123,7 +123,7 @@ def test_a_background_compile_is_what_the_run_finds(xp):
 
 
 def test_a_queued_compile_no_thread_began_is_compiled_by_the_run(xp, monkeypatch):
-    monkeypatch.setattr(C, "_queue", queue.SimpleQueue())  # a queue no thread serves
+    monkeypatch.setattr(C, "_queue", queue.PriorityQueue())  # a queue no thread serves
     C.precompile(xp, 0, "queued", _src("queued"))
     assert C.compiled_function(xp, "queued", _src("queued")) == ("queued", 0)
     assert xp.compiles == [("queued", threading.current_thread().name, 0)]
@@ -201,7 +201,7 @@ def test_a_kernel_an_earlier_process_compiled_is_not_queued(xp, monkeypatch, tmp
     # a later process: empty caches, the index read again
     monkeypatch.setattr(C, "_functions", {})
     monkeypatch.setattr(C, "_compiled_before", None)
-    monkeypatch.setattr(C, "_queue", queue.SimpleQueue())  # nothing would serve it
+    monkeypatch.setattr(C, "_queue", queue.PriorityQueue())  # nothing would serve it
     C.precompile(xp, 0, "seen", _src("seen"))
     C.precompile(xp, 0, "new", _src("new"))
     assert ("seen", 0) not in C._functions  # left to the run
@@ -210,3 +210,15 @@ def test_a_kernel_an_earlier_process_compiled_is_not_queued(xp, monkeypatch, tmp
     monkeypatch.setattr(C, "_compiled_before", None)
     C.precompile(xp, 0, "seen", _src("seen"))
     assert ("seen", 0) in C._functions
+
+
+def test_the_longest_source_is_compiled_first(xp, monkeypatch):
+    """The background threads take the longest queued source first (fused attention's
+    compile, the longest of a model's, starts at once), equal lengths in the order queued."""
+    jobs: queue.PriorityQueue = queue.PriorityQueue()
+    monkeypatch.setattr(C, "_queue", jobs)  # a queue no thread serves: read it here
+    sources = {"short": "k", "long": "k" * 400, "mid1": "k" * 40, "mid2": "k" * 40}
+    for name, text in sources.items():
+        C.precompile(xp, 0, name, lambda t=text: t)
+    order = [jobs.get()[2][2] for _ in sources]
+    assert order == ["long", "mid1", "mid2", "short"]

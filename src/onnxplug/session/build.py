@@ -360,16 +360,15 @@ def build_runner(
         if vi.name in graph.initializers:
             value_on(vi.name, CPU)
             slot_of.setdefault(vi.name, slot_of[copies[(vi.name, CPU)]])
-    for dev, items in to_place.items():
-        placed = place_in_one_block([v for _, v in items], dev, ctx.transfer, _allocators(ctx, dev))
-        constants.update(zip((s for s, _ in items), placed))
+    # slots of the initializers placed on a device below, after the kernels are made
+    placed_slots = {s for items in to_place.values() for s, _ in items}
 
     # steps ------------------------------------------------------------------------------------
     specs: list[StepSpec] = []
     producer_step: dict[int, int] = {}
-    static: set[int] = set(constants)
+    static: set[int] = set(constants) | placed_slots
     # slots whose shapes the input-shape signature fixes (Shape/Size of them can be folded)
-    shaped: set[int] = set(constants) | {slot_of[f] for f in feed_names}
+    shaped: set[int] = set(constants) | placed_slots | {slot_of[f] for f in feed_names}
     allocators: dict[Device, Any] = {}
     stream_factories: dict[str, Any] = {}
     timer_factories: dict[str, Any] = {}
@@ -441,6 +440,13 @@ def build_runner(
         # the host's copy kernels have every capability; a plugin's kernels those of its API
         spec.sync_stream = step_a is None or has_kernel_sync_stream(ep)
         specs.append(spec)
+
+    # The initializers go to their devices once every kernel is made: kernels read them on
+    # the host, and their warm_up (background compiles) then starts before the upload, not
+    # after it.
+    for dev, items in to_place.items():
+        placed = place_in_one_block([v for _, v in items], dev, ctx.transfer, _allocators(ctx, dev))
+        constants.update(zip((s for s, _ in items), placed))
 
     output_slots = []
     for vi in graph.outputs:

@@ -14,8 +14,11 @@ so same-shape and scalar-broadcast operands take a flat loop with no index arith
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Callable, Sequence
+import math
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -185,6 +188,44 @@ def _elem_strides(a: Any, shape: tuple[int, ...]) -> list[int]:
     return [0 if sh[i] == 1 and shape[i] != 1 else st[i] for i in range(nd)]
 
 
+class ShapeOnly:
+    """A dense array's shape and type without memory (its pointer reads 0, aligned for any
+    vector): what a dry bind (``dry_compiles``) reads of an operand."""
+
+    __slots__ = ("data", "dtype", "itemsize", "ndim", "shape", "size", "strides")
+
+    class _Null:
+        ptr = 0
+
+    def __init__(self, shape: Sequence[int], dtype: Any):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.itemsize = self.dtype.itemsize
+        self.ndim = len(self.shape)
+        self.size = math.prod(self.shape)
+        strides, step = [], self.itemsize
+        for d in reversed(self.shape):
+            strides.append(step)
+            step *= max(d, 1)
+        self.strides = tuple(reversed(strides))
+        self.data = ShapeOnly._Null
+
+
+_dry = threading.local()  # .kernel: the kernel whose binds queue their compiles (dry_compiles)
+
+
+@contextlib.contextmanager
+def dry_compiles(kernel: Any) -> Iterator[None]:
+    """On this thread, elementwise binds for ``kernel`` (a ``CudaKernel``, on its device)
+    queue the compiles they would run (``kernel.precompile``) and bind nothing: a kernel's
+    ``warm_up`` binds its prepared form over ``ShapeOnly`` operands this way."""
+    _dry.kernel = kernel
+    try:
+        yield
+    finally:
+        _dry.kernel = None
+
+
 class RawElementwise:
     """An elementwise operation (``cupy.ElementwiseKernel``'s notation) compiled as a raw
     kernel over broadcast strided operands, bound into ``Launch``es."""
@@ -240,9 +281,15 @@ class RawElementwise:
         flat = len(dims) == 1
         wide = n >= 2**31 or any(abs(s) * d >= 2**31 for row in st for s, d in zip(row, dims))
         vec = _vector_width(arrays, st, n) if flat else 1
+        shared = tuple(row[0] == 0 for row in st) if vec > 1 else ()
+        dry = getattr(_dry, "kernel", None)
+        if dry is not None:
+            key = (tuple(sorted(types.items())), len(arrays), flat, wide, vec, shared)
+            source = self._source_of(key, types, [k for k, _ in scalars])
+            dry.precompile("oxr_" + self.name, source, self._functions, key)
+            return None
         # a compiled function belongs to the device current when it was loaded (the run's)
         device = xp.cuda.runtime.getDevice()
-        shared = tuple(row[0] == 0 for row in st) if vec > 1 else ()
         key = (tuple(sorted(types.items())), len(arrays), flat, wide, vec, shared, device)
         try:
             fn = self._function(xp, key, types, [k for k, _ in scalars])
@@ -269,22 +316,24 @@ class RawElementwise:
             if not _fix_type(types, ptype, dt):
                 return
         key = (tuple(sorted(types.items())), len(dtypes), flat, False, 1, ())
-        kernel.precompile(
-            "oxr_" + self.name,
-            lambda: self._source(types, [], flat=flat, wide=False),
-            self._functions,
-            key,
-        )
+        kernel.precompile("oxr_" + self.name, self._source_of(key, types, []), self._functions, key)
 
     def _function(self, xp: Any, key: tuple, types: dict[str, str], scalar_at: list[int]) -> Any:
-        _, _, flat, wide, vec, shared, _ = key
+        source = self._source_of(key, types, scalar_at)
+        return compiled_function(xp, "oxr_" + self.name, source, self._functions, key)
+
+    def _source_of(
+        self, key: tuple, types: dict[str, str], scalar_at: list[int]
+    ) -> Callable[[], str]:
+        """The source of the variant ``key`` names (its first six fields)."""
+        _, _, flat, wide, vec, shared = key[:6]
 
         def source() -> str:
             if vec > 1:
                 return self._vector_source(types, scalar_at, wide, vec, shared)
             return self._source(types, scalar_at, flat=flat, wide=wide)
 
-        return compiled_function(xp, "oxr_" + self.name, source, self._functions, key)
+        return source
 
     def _arrays(self, scalar_at: list[int]) -> list[tuple[str, str, bool]]:
         """(type, name, is output) of each array parameter, in the kernel's order."""

@@ -44,6 +44,10 @@ class TypedKernel(CudaKernel):
         self.bf16 = is_bf16(self.in_dtype)
         self._shapes: tuple[Any, Any] = (None, None)
 
+    def warm_up(self) -> None:
+        if not self.bf16:  # (bfloat16 operands are uint16 arrays, not their graph type)
+            self.dry_prepare()
+
     def out_shape(self, *arrays: Any) -> tuple[int, ...]:
         """The broadcast shape of the operands (cached for the last operand shapes)."""
         key = tuple(a.shape for a in arrays)
@@ -480,6 +484,10 @@ class Cast(CudaKernel):
 
     def target(self, info: KernelInfo) -> np.dtype:
         return np_dtype(int(info.attr("to")))
+
+    def warm_up(self) -> None:
+        if not (self.src_bf16 or self.dst_bf16):  # (those have no prepared form)
+            self.dry_prepare()
 
     def compute(self, ctx: KernelContext) -> None:
         xp = self.xp
