@@ -1038,9 +1038,11 @@ class Attention(_AttentionBase):
         )
 
     def warm_up(self) -> None:
-        """float32 with the weights constant: the tensor-core kernels of both block shapes
-        (the first one batch 1 with 128 tokens takes), compiled in the background. Its compile
-        was the longest of BERT-base's and GPT-2's first runs (0.57-0.66 s on an H100 host)."""
+        """float32 with the weights constant: the tensor-core kernel, compiled in the
+        background. Its compile is the longest of BERT-base's and GPT-2's first runs (0.7-1.0 s
+        on an H100 host). Where the graph fixes the input's batch and length, the one block
+        shape they take; else both (the first one batch 1 with 128 tokens takes): a second
+        compile beside it slowed it (1.0 s against 0.73 alone)."""
         w = self.info.constant_input(1)
         if self.dtype != np.float32 or w is None or w.ndim != 2:
             return
@@ -1048,8 +1050,14 @@ class Attention(_AttentionBase):
         dq, dk, dv = self.sizes or [total // 3] * 3
         if n <= 0 or dq % n or dv % n or not self._mma_fits(total, dq, dq // n, dv // n):
             return
-        first = mma_shape(128, n, _multiprocessors(self.ep.ordinal))
-        for qg, ks in sorted(MMA_SHAPES, key=lambda shape: shape != first):
+        sms = _multiprocessors(self.ep.ordinal)
+        x = self.info.input_shape(0)
+        if x is not None and len(x) == 3 and all(type(d) is int for d in x[:2]):
+            blocks = [mma_shape(int(x[1]), int(x[0]) * n, sms)]
+        else:
+            first = mma_shape(128, n, sms)
+            blocks = sorted(MMA_SHAPES, key=lambda shape: shape != first)
+        for qg, ks in blocks:
             FUSED_ATTENTION_MMA.precompile(self, f"oxa_mma_f32_{qg}x{ks}")
 
     def _fused_f32(self, qkv: Any, y: Any, add: Any, dims: tuple, scale: float, sh: int) -> Any:
