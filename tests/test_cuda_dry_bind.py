@@ -100,9 +100,12 @@ def test_a_dry_bind_queues_the_compile_the_run_asks_for(case, monkeypatch):
 
 
 def test_dry_compiles_end_with_their_block():
-    kernel = _Kernel()
-    with pytest.raises(RuntimeError), launch.dry_compiles(kernel):
-        raise RuntimeError
+    outer, inner = _Kernel(), _Kernel()
+    with launch.dry_compiles(outer):
+        with pytest.raises(RuntimeError), launch.dry_compiles(inner):
+            assert launch._dry.kernel is inner
+            raise RuntimeError
+        assert launch._dry.kernel is outer  # a nested block gives the outer one back
     assert getattr(launch._dry, "kernel", None) is None
 
 

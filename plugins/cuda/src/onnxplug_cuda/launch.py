@@ -219,11 +219,12 @@ def dry_compiles(kernel: Any) -> Iterator[None]:
     """On this thread, elementwise binds for ``kernel`` (a ``CudaKernel``, on its device)
     queue the compiles they would run (``kernel.precompile``) and bind nothing: a kernel's
     ``warm_up`` binds its prepared form over ``ShapeOnly`` operands this way."""
+    outer = getattr(_dry, "kernel", None)
     _dry.kernel = kernel
     try:
         yield
     finally:
-        _dry.kernel = None
+        _dry.kernel = outer
 
 
 class RawElementwise:
@@ -282,15 +283,14 @@ class RawElementwise:
         wide = n >= 2**31 or any(abs(s) * d >= 2**31 for row in st for s, d in zip(row, dims))
         vec = _vector_width(arrays, st, n) if flat else 1
         shared = tuple(row[0] == 0 for row in st) if vec > 1 else ()
+        variant = (tuple(sorted(types.items())), len(arrays), flat, wide, vec, shared)
         dry = getattr(_dry, "kernel", None)
         if dry is not None:
-            key = (tuple(sorted(types.items())), len(arrays), flat, wide, vec, shared)
-            source = self._source_of(key, types, [k for k, _ in scalars])
-            dry.precompile("oxr_" + self.name, source, self._functions, key)
+            source = self._source_of(variant, types, [k for k, _ in scalars])
+            dry.precompile("oxr_" + self.name, source, self._functions, variant)
             return None
         # a compiled function belongs to the device current when it was loaded (the run's)
-        device = xp.cuda.runtime.getDevice()
-        key = (tuple(sorted(types.items())), len(arrays), flat, wide, vec, shared, device)
+        key = (*variant, xp.cuda.runtime.getDevice())
         try:
             fn = self._function(xp, key, types, [k for k, _ in scalars])
         except Exception:  # the operation does not compile for these types here
