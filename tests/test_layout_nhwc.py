@@ -534,6 +534,26 @@ def test_transposes_of_a_chain_without_outputs_all_cancel():
     np.testing.assert_array_equal(run_graph(graph, model, feeds)[0], run_model(model, feeds)[0])
 
 
+def test_no_transpose_is_added_for_graph_outputs_in_a_chain():
+    """A channels-last chain whose every value is a graph output too (found by the property
+    test above): each needs its NCHW value, so the push stops where it would add a Transpose
+    that stays (it ended with 3 Transposes where the model had 2)."""
+    g = G()
+    cur = g.op("Transpose", g.input("x", [2, C, HW, HW]), perm=list(TO_NHWC))
+    outputs = []
+    for k in range(3):
+        cur = g.op("Add", cur, g.const(np.float32(0.5 + k)))
+        outputs.append(cur)
+    cur = g.op("Transpose", cur, perm=list(TO_NCHW))
+    model = g.model([*outputs, cur])
+    graph = graph_from_model(onnx.load_from_string(typed(model)))
+    optimize_transposes(graph)
+    assert len(transposes(graph)) <= 2
+    feeds = {"x": _x([2, C, HW, HW])}
+    for got, want in zip(run_graph(graph, model, feeds), run_model(model, feeds)):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_transposes_that_do_not_cancel_merge():
     g = G()
     t = g.op("Transpose", g.input("x", [2, 3, 4, 5]), perm=[0, 2, 3, 1])

@@ -408,9 +408,12 @@ def _push(e: _Edges, u: Node) -> bool:
     # worth it: a Transpose before goes (only this node reads it), or the moved one meets a
     # Transpose or another elementwise node after this one (where it may cancel later: SiLU's
     # Mul reads the Sigmoid and its input); not for a node read only by graph outputs or
-    # layout-sensitive nodes, where it would add a Transpose
+    # layout-sensitive nodes, where it would add a Transpose; nor, without removing one, for a
+    # node whose output is a graph output: the Transpose that makes it stays, one more
     removes = any(e.read_only_by(t.outputs[0], u) for t in sources.values())
-    onward = any(r.op_type == "Transpose" or _elementwise(r) for r in e.readers.get(out, []))
+    onward = e.renamable(out) and any(
+        r.op_type == "Transpose" or _elementwise(r) for r in e.readers.get(out, [])
+    )
     if not (removes or onward):
         return False
     inverse = _inverse(perm)
