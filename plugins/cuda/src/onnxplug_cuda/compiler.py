@@ -211,8 +211,10 @@ def precompile(
             atexit.register(_stop)
         jobs = _queue
     # longest source first: the long compiles (fused attention: 0.6-0.8 s on an H100 host)
-    # start at once instead of behind short ones queued before them
-    jobs.put((-len(text), next(_order), (xp, device, name, source, cache, key, entry)))
+    # start at once instead of behind short ones queued before them; the worker compiles the
+    # text written here (not written again)
+    job = (xp, device, name, lambda: text, cache, key, entry)
+    jobs.put((-len(text), next(_order), job))
 
 
 def _worker(jobs: queue.PriorityQueue) -> None:
