@@ -113,3 +113,42 @@ def test_a_shape_only_array_is_dense():
     a = launch.ShapeOnly((2, 0, 3), np.float16)
     assert a.strides == (6, 6, 2) and a.size == 0 and a.ndim == 3 and a.itemsize == 2
     assert launch._is_array(a) and a.data.ptr == 0
+
+
+class _Dense:
+    """A C-contiguous, aligned device array as the conv epilogue reads it."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: type) -> None:
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.size, self.itemsize = int(np.prod(shape)), self.dtype.itemsize
+        self.flags = type("F", (), {"c_contiguous": True})
+        self.data = _Aligned
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [((1, 256, 56, 56), np.float32), ((1, 2048, 7, 7), np.float16), ((1, 3, 5, 5), np.float32)],
+)
+def test_conv_epilogue_precompile_queues_what_the_call_compiles(
+    monkeypatch, shape, dtype, channels_last
+):
+    """A residual convolution's ``warm_up`` queues the epilogue variant (vector width, index
+    width, layout) that the call after the plain cuDNN graph compiles."""
+    from onnxplug_cuda.kernels import conv
+
+    ep = conv.epilogue(True, True, "Relu", [])
+    k = _Kernel()
+    ep.precompile(k, np.dtype(dtype).name, shape, channels_last)
+    asked = []
+
+    def function(self, xp, name):
+        asked.append((name, (name,), self.source(name)))
+        raise _Stop
+
+    monkeypatch.setattr(F._RowModule, "function", function)
+    y = _Dense(shape, dtype)
+    c = shape[-1] if channels_last else shape[1]
+    with pytest.raises(_Stop):
+        ep(_Xp, _Dense((c,), dtype), _Dense(shape, dtype), y, channels_last)
+    assert k.queued == asked

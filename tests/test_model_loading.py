@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -592,3 +593,55 @@ def test_op_newer_than_the_models_opset_is_rejected():
     m = _model([helper.make_node("Gelu", ["X"], ["Y"])], [_tv("X", [4])], [_tv("Y", [4])], opset=17)
     with pytest.raises(errors.InvalidGraph, match="no op Gelu is registered .* version 17"):
         ox.InferenceSession(m.SerializeToString(), providers=CPU)
+
+
+# --------------------------------------------------------------------------------------------
+# the model loads on a helper thread while a device provider is set up
+
+
+def _add_model() -> bytes:
+    x = helper.make_tensor_value_info("x", F, [2])
+    y = helper.make_tensor_value_info("y", F, [2])
+    return _model([helper.make_node("Add", ["x", "x"], ["y"])], [x], [y]).SerializeToString()
+
+
+def _loading_threads(monkeypatch) -> list[str]:
+    from onnxplug.session import inference_session as sess_mod
+
+    seen: list[str] = []
+    real = sess_mod.load_model
+
+    def load(source):
+        seen.append(threading.current_thread().name)
+        return real(source)
+
+    monkeypatch.setattr(sess_mod, "load_model", load)
+    return seen
+
+
+def test_model_loads_beside_a_device_provider_set_up(monkeypatch, virt):
+    """With a device provider named, the model loads on a helper thread while the providers
+    are created (the CUDA provider's set-up waits on the driver); with the CPU alone, or with
+    providers chosen by a policy that reads the model, in the caller's thread."""
+    import tests.plugins.virtual_device as vd
+
+    seen = _loading_threads(monkeypatch)
+    feeds = {"x": np.array([1.0, 2.0], np.float32)}
+    for providers in ([vd.NAME, "CPUExecutionProvider"], ["CPUExecutionProvider"]):
+        s = ox.InferenceSession(_add_model(), providers=providers)
+        np.testing.assert_array_equal(s.run(None, feeds)[0], [2.0, 4.0])
+    assert seen[0] == "onnxplug-model-load"
+    assert seen[1] == threading.main_thread().name
+
+
+def test_model_error_comes_before_a_provider_error(monkeypatch):
+    """A model that cannot load is reported as before, even where the providers (created
+    meanwhile) fail too: the caller sees the model's error, raised in its own thread."""
+    seen = _loading_threads(monkeypatch)
+    so = ox.SessionOptions()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    with pytest.raises(errors.InvalidProtobuf):
+        ox.InferenceSession(b"not a model", so, providers=["NoSuchExecutionProvider"])
+    assert seen == ["onnxplug-model-load"]
+    with pytest.raises(errors.InvalidArgument, match="NoSuchExecutionProvider"):
+        ox.InferenceSession(_add_model(), so, providers=["NoSuchExecutionProvider"])

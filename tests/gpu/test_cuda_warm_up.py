@@ -101,12 +101,22 @@ def _ops_model() -> bytes:
 
 
 def _check(
-    model: bytes, feeds: dict, compiles, expected: set[str], rtol: float, all_queued: bool = False
+    model: bytes,
+    feeds: dict,
+    compiles,
+    expected: set[str],
+    rtol: float,
+    all_queued: bool = False,
+    options: dict | None = None,
+    settled_too=None,
 ) -> None:
-    """``expected``: kernels queued at creation; ``all_queued``: the first run compiles none."""
+    """``expected``: kernels queued at creation; ``all_queued``: the first run compiles none;
+    ``options``: the CUDA provider's; ``settled_too``: waits for other background compiles."""
     made, settled = compiles
-    cuda = ox.InferenceSession(model, providers=[CUDA, CPU])
+    cuda = ox.InferenceSession(model, providers=[(CUDA, options or {}), CPU])
     settled()
+    if settled_too is not None:
+        settled_too()
     background = {name for name, thread in made if thread.startswith("onnxplug-precompile-")}
     assert expected <= background, f"queued at creation: {sorted(background)}"
     made.clear()
@@ -241,3 +251,64 @@ def test_creation_compiles_the_elementwise_kernels_of_fixed_shapes(compiles):
         "oxr_ox_u_add",
     }
     _check(_mask_model(), feeds, compiles, expected, 1e-6, all_queued=True)
+
+
+def _residual_block(c: int = 16, hw: int = 8) -> bytes:
+    """x -> Conv 3x3 + bias -> Relu -> Conv 3x3 + bias -> + x -> Relu, fixed shapes: the
+    optimizer makes the second convolution a FusedConv with a residual (Z)."""
+    rng = np.random.default_rng(3)
+    w1, w2 = (rng.standard_normal((c, c, 3, 3)).astype(np.float32) * 0.1 for _ in range(2))
+    b1, b2 = (rng.standard_normal(c).astype(np.float32) for _ in range(2))
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, hw, hw])],
+        [
+            numpy_helper.from_array(a, n)
+            for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))
+        ],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_creation_compiles_the_epilogue_of_a_residual_convolution(compiles, monkeypatch):
+    """The bias + residual + ReLU kernel after a residual convolution's plain cuDNN graph is
+    queued at creation (ResNet-50's first run compiled it between two cuDNN builds)."""
+    from onnxplug_cuda import compiler
+    from onnxplug_cuda.kernels import conv
+
+    monkeypatch.setattr(conv, "_EPILOGUES", {})  # new epilogue objects: empty caches
+
+    def epilogues_settled() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pending = [
+                v
+                for e in conv._EPILOGUES.values()
+                for m in e._modules.values()
+                for v in m._functions.values()
+                if type(v) is compiler._Compiling
+            ]
+            if not pending:
+                return
+            time.sleep(0.01)
+        raise AssertionError("background compiles did not finish")
+
+    feeds = {"x": np.random.default_rng(4).standard_normal((1, 16, 8, 8)).astype(np.float32)}
+    _check(
+        _residual_block(),
+        feeds,
+        compiles,
+        {"ox_conv_epilogue"},
+        1e-4,
+        options={"use_tf32": "0"},
+        settled_too=epilogues_settled,
+    )

@@ -129,14 +129,24 @@ class InferenceSession:
         self._env = get_environment()
         self._start_profiling()
         t_begin = time.perf_counter_ns()
-        with unexpected_errors_typed("loading the model"):
-            loaded = load_model(path_or_bytes)
-            proto = loaded.proto
-            self._proto_meta = _metadata(proto)
-            graph: Graph = graph_from_model(proto, loaded.weights)
-            del loaded
+        # A device provider's first session in a process spends 0.3-0.35 s initialising it
+        # (plugin import, device probe, CuPy, the CUDA driver and context; H100 hosts), much of
+        # it waiting on the driver: the model loads on a helper thread meanwhile. The policy's
+        # choice of providers reads the model's metadata, so it waits for the model.
+        eager = providers is not None or bool(self._sess_options.get_provider_entries())
+        loading = _ModelLoad(path_or_bytes, background=eager and _names_a_device(providers))
+        # what the session holds of the environment, given back when the session goes
+        self._resources = _SessionResources()
+        weakref.finalize(self, self._resources.release).atexit = False
+        self._eps: list[Ep] = []
+        if eager:
+            try:
+                self._eps = self._resources.eps = self._create_eps(providers, provider_options)
+            except BaseException:
+                loading.result()  # a model that cannot load is reported first, as before
+                raise
+        proto, self._proto_meta, graph, t_loaded = loading.result()
         self._graph = graph
-        t_loaded = time.perf_counter_ns()
         if self._profiler is not None:
             how = "uri" if self._model_path is not None else "array"
             self._profiler.add(SESSION, f"model_loading_{how}", t_begin, t_loaded)
@@ -165,10 +175,8 @@ class InferenceSession:
                 "execution_mode ORT_PARALLEL: onnxplug runs nodes one after another "
                 "(ORT_SEQUENTIAL); inter_op_num_threads has no threads to bound",
             )
-        # what the session holds of the environment, given back when the session goes
-        self._resources = _SessionResources()
-        weakref.finalize(self, self._resources.release).atexit = False
-        self._eps = self._resources.eps = self._create_eps(providers, provider_options)
+        if not eager:
+            self._eps = self._resources.eps = self._create_eps(providers, provider_options)
         cpu = next((ep for ep in self._eps if ep.name == CPU_EP), None)
         folder = make_constant_folder(cpu) if cpu is not None else None
         targets = [FusionTarget(ep) for ep in self._eps]
@@ -905,6 +913,56 @@ def _write_profile_at_exit(profiler: Profiler, path: str) -> None:
 # What a session-creation error that no check anticipated says first (tools.fuzz counts these
 # as bugs to fix: every malformed model should meet a check that names the problem).
 UNEXPECTED = "unexpected error while"
+
+
+class _ModelLoad:
+    """A model loaded and made our graph, on a helper thread (``background``) or at once:
+    ``result()`` is (proto, metadata, graph, the perf_counter_ns when loaded), or the
+    loading error, raised in the caller's thread."""
+
+    def __init__(self, path_or_bytes: Any, background: bool) -> None:
+        self._source = path_or_bytes
+        self._out: tuple | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._load, name="onnxplug-model-load")
+            self._thread.daemon = True
+            self._thread.start()
+        else:
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            with unexpected_errors_typed("loading the model"):
+                loaded = load_model(self._source)
+                proto = loaded.proto
+                graph = graph_from_model(proto, loaded.weights)
+                del loaded
+                self._out = (proto, _metadata(proto), graph, time.perf_counter_ns())
+        except BaseException as e:
+            self._error = e
+        self._source = None
+
+    def result(self) -> tuple[ModelProto, ModelMetadata, Graph, int]:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._out is not None
+        return self._out
+
+
+def _names_a_device(providers: Any) -> bool:
+    """Whether a providers argument asks for a provider other than the CPU (whose set-up is
+    worth overlapping with loading the model); None (session options' entries) counts."""
+    if providers is None:
+        return True
+    for p in providers:
+        name = p[0] if isinstance(p, (tuple, list)) and p else p
+        if name != CPU_EP:
+            return True
+    return False
 
 
 @contextlib.contextmanager
