@@ -292,7 +292,8 @@ class _ConvBase(CudaKernel):
         if xs is None or ws is None or not all(type(d) is int for d in (*xs, *ws)):
             return
         bias = info.input_count > 2 and info.has_input(2)
-        geo = self.geometry(tuple(xs), tuple(ws))  # type: ignore[arg-type]
+        shapes = (tuple(xs), tuple(ws))
+        geo = self._geo[shapes] = self.geometry(*shapes)  # type: ignore[arg-type]  # (the run's)
         if geo.spec is not None and 0 not in geo.y:
             self._epilogue(bias, True).precompile(self, self.dtype.name, geo.y, self.channels_last)
 
