@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the wheels carried in .whl/ (cuDNN frontend, nvmath) and
-# the project, then run the steps named on the command line, writing logs to $OUT (or /tmp/out):
+# the project (building the CUDA plugin's shipped kernels), then run the steps named on the command line, writing logs to $OUT (or /tmp/out):
 #
 #   scripts/gpu-session.sh smoke tests conformance bench
 #
@@ -21,6 +21,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e plugins/cuda || exit 1
+# the plugin's shipped kernels, for this GPU (the install's second step, as in the README)
+python3 -m onnxplug_cuda.build_kernels || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 rc=0
 for step in "$@"; do

@@ -25,6 +25,7 @@ class _Device:
 
     def __init__(self, ordinal: int):
         self.ordinal = ordinal
+        self.compute_capability = "90" if ordinal == 0 else "80"
 
     def __enter__(self) -> _Device:
         self.prev = getattr(_Device.current, "ordinal", 0)
@@ -46,6 +47,20 @@ class _Xp:
     class cuda:
         Device = _Device
 
+        class function:
+            class Module:
+                """A cubin loaded as CuPy's ``function.Module`` loads it."""
+
+                bad = False
+
+                def load(self, image: bytes) -> None:
+                    if _Xp.cuda.function.Module.bad:
+                        raise RuntimeError("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+                    self.image = image
+
+                def get_function(self, name: str) -> tuple[str, bytes]:
+                    return (name, self.image)
+
         class runtime:
             @staticmethod
             def getDevice() -> int:
@@ -66,8 +81,14 @@ class _Xp:
 
 
 @pytest.fixture
-def xp(monkeypatch):
+def xp(monkeypatch, tmp_path):
     monkeypatch.setattr(C, "_functions", {})
+    # no shipped kernels unless a test builds some
+    monkeypatch.setattr(C, "SHIPPED_DIR", tmp_path / "no-shipped-kernels")
+    monkeypatch.setattr(C, "_shipped", {})
+    monkeypatch.setattr(C, "_archs", {})
+    monkeypatch.delenv(C.ENV_SHIPPED, raising=False)
+    _Xp.cuda.function.Module.bad = False
     monkeypatch.setenv("CUPY_CACHE_IN_MEMORY", "1")  # no index of compiled sources on disk
     monkeypatch.setattr(C, "_compiled_before", None)
     _Xp.compiles.clear()
@@ -222,3 +243,44 @@ def test_the_longest_source_is_compiled_first(xp, monkeypatch):
         C.precompile(xp, 0, name, lambda t=text: t)
     order = [jobs.get()[2][2] for _ in sources]
     assert order == ["long", "mid1", "mid2", "short"]
+
+
+def _ship(monkeypatch, tmp_path, arch: str, *names: str) -> None:
+    """Kernels ``names`` (``_src``'s sources) built at install for ``arch``."""
+    folder = tmp_path / "shipped"
+    monkeypatch.setattr(C, "SHIPPED_DIR", folder)
+    (folder / arch).mkdir(parents=True)
+    for name in names:
+        C.shipped_path(C._digest(_src(name)()), arch).write_bytes(f"cubin of {name}".encode())
+
+
+def test_a_shipped_kernel_is_loaded_not_compiled(xp, monkeypatch, tmp_path):
+    """The cubin the install built for the device's architecture is loaded in place of an
+    NVRTC compile; another architecture, another source, a cubin the driver refuses, or
+    ``ONNXPLUG_SHIPPED_KERNELS=0`` compile as before."""
+    _ship(monkeypatch, tmp_path, "sm_90", "built", "refused")
+    loads = C.stats["shipped_loads"]
+    assert C.compiled_function(xp, "built", _src("built")) == ("built", b"cubin of built")
+    assert C.stats["shipped_loads"] == loads + 1 and xp.compiles == []
+    with _Device(1):  # an sm_80 device: nothing built for it
+        assert C.compiled_function(xp, "built", _src("built")) == ("built", 1)
+    assert C.compiled_function(xp, "other", _src("other")) == ("other", 0)
+    xp.cuda.function.Module.bad = True
+    assert C.compiled_function(xp, "refused", _src("refused")) == ("refused", 0)
+    xp.cuda.function.Module.bad = False
+    monkeypatch.setenv(C.ENV_SHIPPED, "0")
+    C._functions.clear()
+    assert C.compiled_function(xp, "built", _src("built")) == ("built", 0)
+    assert [c[0] for c in xp.compiles] == ["built", "other", "refused", "built"]
+    assert C.stats["shipped_loads"] == loads + 1
+
+
+def test_a_shipped_kernel_is_not_queued(xp, monkeypatch, tmp_path):
+    """A kernel the install built is left to the run (loading it takes no compile), on the
+    architecture it was built for only."""
+    _ship(monkeypatch, tmp_path, "sm_90", "built")
+    monkeypatch.setattr(C, "_queue", queue.PriorityQueue())  # nothing would serve it
+    C.precompile(xp, 0, "built", _src("built"))
+    C.precompile(xp, 1, "built", _src("built"))
+    assert ("built", 0) not in C._functions
+    assert type(C._functions[("built", 1)]) is C._Compiling

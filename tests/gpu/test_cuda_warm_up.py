@@ -1,7 +1,8 @@
 """Kernels' ``warm_up`` on the CUDA provider: session creation queues, in the background, the
 compiles its first run needs (embedding Gather, a transposing copy, pooling, SkipLayerNorm,
 float32 fused attention), so that the first run compiles none of them; results as on the CPU
-provider."""
+provider. Kernels built at install (``build_kernels``) are loaded instead, with the bits of
+the compiled ones."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def compiles(monkeypatch):
     monkeypatch.setattr(compiler, "_compile", spy)
     # as a process whose kernel cache is empty (not the sources earlier tests compiled)
     monkeypatch.setattr(compiler, "_compiled_before", set())
+    # and no kernels built at install (these tests check the compiles that replace them)
+    monkeypatch.setenv(compiler.ENV_SHIPPED, "0")
 
     def settled() -> None:
         """Wait for the background compiles."""
@@ -149,6 +152,74 @@ def test_creation_compiles_what_the_first_run_of_the_ops_needs(compiles):
         skip_ln_kernel("f32", 32, ())[0],
     }
     _check(_ops_model(), feeds, compiles, expected, 1e-5)
+
+
+def test_kernels_built_at_install_are_loaded_with_the_bits_of_compiled_ones(
+    compiles, monkeypatch, tmp_path
+):
+    """With the catalogue built for this GPU by ``build_kernels`` (NVRTC, CuPy's options),
+    creation queues none of the ops' kernels and the first run loads them: no NVRTC compile.
+    Their outputs equal, bit for bit, those of the kernels CuPy compiles, also where inputs
+    are subnormal (``-ftz=true`` in both: without it, SkipLayerNorm's output for those rows
+    would be a normal number, not 0)."""
+    import cupy
+
+    from onnxplug_cuda import build_kernels, compiler
+    from onnxplug_cuda.kernels import _fused as F
+    from onnxplug_cuda.kernels.contrib import SKIP_LN_ROWS, skip_ln_kernel
+
+    arch = "sm_" + str(cupy.cuda.Device().compute_capability)
+    assert build_kernels.build([arch], tmp_path, 8) == {arch: []}
+    rng = np.random.default_rng(1)
+    feeds = {
+        "ids": rng.integers(-50, 50, (2, 6)).astype(np.int64),
+        "skip": rng.standard_normal((2, 6, 32)).astype(np.float32),
+    }
+    model = onnx.load_from_string(_ops_model())
+    table = next(t for t in model.graph.initializer if t.name == "table")
+    rows = numpy_helper.to_array(table).copy()
+    rows[0] = np.float32(1e-40) * np.arange(1, 33, dtype=np.float32)  # subnormal
+    table.CopyFrom(numpy_helper.from_array(rows, "table"))
+    feeds["ids"][1, :] = 0
+    feeds["skip"][1] = rows[0]
+    model_bytes = model.SerializeToString()
+    kernels = {"ox_gather_16_i64", "oxr_ox_copy", "oxp_max_valuespool_float32"}
+    kernels |= {"oxp_global_avgpool_float32", skip_ln_kernel("f32", 32, ())[0]}
+
+    made, settled = compiles
+    loads: list[str] = []
+    real = compiler._load_shipped
+
+    def spy(xp, name, text):
+        fn = real(xp, name, text)
+        if fn is not None:
+            loads.append(name)
+        return fn
+
+    monkeypatch.setattr(compiler, "_load_shipped", spy)
+    monkeypatch.setenv(compiler.ENV_SHIPPED, "1")
+    monkeypatch.setattr(compiler, "SHIPPED_DIR", tmp_path)
+    monkeypatch.setattr(compiler, "_shipped", {})
+    shipped = ox.InferenceSession(model_bytes, providers=[CUDA, CPU])
+    settled()
+    assert not kernels & {name for name, _ in made}  # none queued: the run loads them
+    got = shipped.run(None, feeds)
+    assert kernels <= set(loads), sorted(loads)
+    assert np.all(got[1][1] == 0)  # the subnormal rows, flushed
+    # the same kernels compiled by CuPy: empty caches again, nothing shipped
+    monkeypatch.setenv(compiler.ENV_SHIPPED, "0")
+    compiler._functions.clear()
+    SKIP_LN_ROWS._functions.clear()
+    for op in F.Elementwise.registry:
+        op.raw()._functions.clear()
+    made.clear()
+    loads.clear()
+    compiled = ox.InferenceSession(model_bytes, providers=[CUDA, CPU])
+    settled()
+    want = compiled.run(None, feeds)
+    assert loads == [] and kernels <= {name for name, _ in made}
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("fixed", [True, False], ids=["fixed-shape", "dynamic-shape"])

@@ -17,6 +17,14 @@ A kernel that an earlier process compiled (``onnxplug-compiled.txt`` in CuPy's k
 folder lists them) is not queued: the run loads it from that cache in a few ms, and background
 loads slowed a warm process's first run (ResNet-50 b1 on an H100 host: 174-178 ms without them,
 274-323 ms with).
+
+Shipped kernels: the kernel families whose sources do not depend on the model (row kernels,
+fused attention, pools, gathers, copies, convolution epilogues) list them with ``ship``, and
+``python -m onnxplug_cuda.build_kernels`` compiles that catalogue once, when the plugin is
+installed, into ``shipped_kernels/sm_<arch>/<digest>.cubin`` beside this module, as
+onnxruntime's wheel carries its kernels compiled. A compile whose source is there loads the
+cubin instead of running NVRTC (a machine's first process waited 0.3-0.6 s for the float32
+attention kernel's compile). ``ONNXPLUG_SHIPPED_KERNELS=0`` ignores them.
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 OPTIONS = ("--std=c++17",)
@@ -37,6 +46,10 @@ OPTIONS = ("--std=c++17",)
 PRECOMPILE_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))
 # ONNXPLUG_PRECOMPILE=0: no background compiles (each kernel is compiled by the run that needs it)
 ENV_PRECOMPILE = "ONNXPLUG_PRECOMPILE"
+# ONNXPLUG_SHIPPED_KERNELS=0: compile every kernel, even one the plugin's install built
+ENV_SHIPPED = "ONNXPLUG_SHIPPED_KERNELS"
+# the kernels built at install (build_kernels.py), one folder per GPU architecture
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped_kernels"
 
 _lock = threading.Lock()
 _functions: dict[tuple, Any] = {}
@@ -104,8 +117,10 @@ def _compile(
 ) -> Any:
     try:
         text = source()
-        fn = xp.RawModule(code=text, options=OPTIONS).get_function(name)
-        _remember(text)
+        fn = _load_shipped(xp, name, text)
+        if fn is None:
+            fn = xp.RawModule(code=text, options=OPTIONS).get_function(name)
+            _remember(text)
     except BaseException as e:
         with _lock:
             if cache.get(key) is entry:
@@ -119,6 +134,75 @@ def _compile(
     entry.done.set()
     return fn
 
+
+# -- shipped kernels ---------------------------------------------------------------------------
+
+_catalogue: list[Callable[[], Iterable[tuple[str, str]]]] = []
+_shipped: dict[str, frozenset[str]] = {}  # "sm_90" -> digests of the cubins in its folder
+_archs: dict[int, str] = {}  # device -> "sm_90"
+stats = {"shipped_loads": 0}
+
+
+def ship(sources: Callable[[], Iterable[tuple[str, str]]]) -> None:
+    """Add a kernel family's model-independent kernels to the catalogue the plugin's install
+    compiles: ``sources()`` yields (kernel name, source) as ``compiled_function`` is given
+    them."""
+    _catalogue.append(sources)
+
+
+def shipped_sources() -> Iterator[tuple[str, str, str]]:
+    """(digest, kernel name, source) of every kernel in the catalogue, each source once."""
+    seen: set[str] = set()
+    for sources in _catalogue:
+        for name, text in sources():
+            digest = _digest(text)
+            if digest not in seen:
+                seen.add(digest)
+                yield digest, name, text
+
+
+def shipped_path(digest: str, arch: str) -> Path:
+    return SHIPPED_DIR / arch / f"{digest}.cubin"
+
+
+def _shipped_here(xp: Any, device: int, text: str) -> str | None:
+    """The digest of ``text`` where the install built it for ``device``'s architecture."""
+    if os.environ.get(ENV_SHIPPED, "1").strip() == "0" or not SHIPPED_DIR.is_dir():
+        return None
+    arch = _archs.get(device)
+    if arch is None:
+        arch = _archs[device] = "sm_" + str(xp.cuda.Device(device).compute_capability)
+    digests = _shipped.get(arch)
+    if digests is None:
+        try:
+            names = os.listdir(SHIPPED_DIR / arch)
+        except OSError:
+            names = []
+        digests = _shipped[arch] = frozenset(n[:-6] for n in names if n.endswith(".cubin"))
+    digest = _digest(text)
+    return digest if digest in digests else None
+
+
+def _load_shipped(xp: Any, name: str, text: str) -> Any:
+    """Kernel ``name`` of ``text`` from the cubin the install built, on the current device;
+    None where there is none, or it does not load (a driver older than the compiler that
+    built it): then NVRTC compiles it."""
+    device = xp.cuda.runtime.getDevice()
+    digest = _shipped_here(xp, device, text)
+    if digest is None:
+        return None
+    try:
+        image = shipped_path(digest, _archs[device]).read_bytes()
+        module = xp.cuda.function.Module()
+        module.load(image)
+        fn = module.get_function(name)
+    except Exception:
+        return None
+    stats["shipped_loads"] += 1
+    return fn
+
+
+# -- the index of compiled sources ------------------------------------------------------------
 
 _INDEX = "onnxplug-compiled.txt"
 _compiled_before: set[str] | None = None  # digests of the sources in the index
@@ -194,8 +278,8 @@ def precompile(
     if key in cache:
         return  # compiled, queued or under way
     text = source()
-    if _digest(text) in _known():
-        return  # in the kernel cache: the run loads it
+    if _digest(text) in _known() or _shipped_here(xp, device, text) is not None:
+        return  # in the kernel cache, or built at install: the run loads it
     with _lock:
         if _closing or key in cache:
             return  # exiting; or compiled, queued or under way

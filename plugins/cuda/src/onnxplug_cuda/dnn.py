@@ -75,6 +75,7 @@ import numpy as np
 
 from .blas import BF16
 from .cache import PlanCache, TuningCache, cache_folder
+from .compiler import ship
 
 # Calls per path (cuDNN graph vs the kernels' own im2col/col2im + GEMM), for tests and diagnostics.
 # "fused": calls whose graph also did a bias, residual or ReLU (counted within "cudnn").
@@ -667,6 +668,7 @@ extern "C" __global__ void oxd_hold(unsigned long long ns) {
 
 
 HOLD_KERNEL = ("oxd_hold", lambda: _HOLD_SRC)  # (name, source)
+ship(lambda: [(HOLD_KERNEL[0], HOLD_KERNEL[1]())])
 
 
 def _hold_gpu(stream: int, ns: float) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .compiler import compiled_function
+from .compiler import compiled_function, ship
 from .runtime import CudaError
 
 MAX_DIMS = 6
@@ -308,15 +308,22 @@ class RawElementwise:
         """For ``kernel``'s ``warm_up``: start compiling the operation over arrays of
         ``dtypes`` (the parameters' order, no scalars) as ``bind`` compiles it for strided
         operands, or (``flat``) for dense ones it cannot vectorize, with int indices."""
+        variant = self.variant(dtypes, flat)
+        if variant is not None:
+            kernel.precompile("oxr_" + self.name, variant[1], self._functions, variant[0])
+
+    def variant(self, dtypes: Sequence[Any], flat: bool) -> tuple[tuple, Callable[[], str]] | None:
+        """(variant key, source) of the kernel ``precompile`` names; None where the
+        operation does not take those types."""
         types: dict[str, str] = {}
         params = self.ins + self.outs
         if not self.supported() or len(dtypes) != len(params):
-            return
+            return None
         for (ptype, _, _), dt in zip(params, dtypes):
             if not _fix_type(types, ptype, dt):
-                return
+                return None
         key = (tuple(sorted(types.items())), len(dtypes), flat, False, 1, ())
-        kernel.precompile("oxr_" + self.name, self._source_of(key, types, []), self._functions, key)
+        return key, self._source_of(key, types, [])
 
     def _function(self, xp: Any, key: tuple, types: dict[str, str], scalar_at: list[int]) -> Any:
         source = self._source_of(key, types, scalar_at)
@@ -505,15 +512,28 @@ extern "C" __global__ void ox_copy_units_%(v)d_%(w)s(const %(u)s* src, %(u)s* ds
 """
 
 
-def _unit_copy_function(xp: Any, unit: int, wide: bool) -> Any:
-    """The copy kernel moving ``unit``-byte units, compiled on its own on first use (one
-    module of all ten variants took NVRTC about 0.2 s of a fresh process's first run)."""
+def _unit_copy_kernel(unit: int, wide: bool) -> tuple[str, Callable[[], str]]:
+    """(name, source) of the copy kernel moving ``unit``-byte units, each variant compiled on
+    its own on first use (one module of all ten variants took NVRTC about 0.2 s of a fresh
+    process's first run)."""
     u = dict(_UNITS)[unit]
     w, i = ("l", "long long") if wide else ("i", "int")
-    name = f"ox_copy_units_{unit}_{w}"
-    return compiled_function(
-        xp, name, lambda: _UNIT_COPY_SRC + _UNIT_COPY_ENTRY % {"v": unit, "u": u, "w": w, "i": i}
-    )
+    fields = {"v": unit, "u": u, "w": w, "i": i}
+    return f"ox_copy_units_{unit}_{w}", lambda: _UNIT_COPY_SRC + _UNIT_COPY_ENTRY % fields
+
+
+ship(
+    lambda: [
+        (name, source())
+        for unit, _ in _UNITS
+        for wide in (False, True)
+        for name, source in [_unit_copy_kernel(unit, wide)]
+    ]
+)
+
+
+def _unit_copy_function(xp: Any, unit: int, wide: bool) -> Any:
+    return compiled_function(xp, *_unit_copy_kernel(unit, wide))
 
 
 def bind_unit_copy(xp: Any, src: Any, dst: Any, stream: int) -> Launch | None:

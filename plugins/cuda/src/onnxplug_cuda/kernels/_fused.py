@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..compiler import compiled_function
+from ..compiler import compiled_function, ship
 
 F32 = np.dtype(np.float32)
 try:
@@ -945,6 +945,11 @@ class _RowModule:
     def function(self, xp: Any, name: str) -> Any:
         return compiled_function(xp, name, lambda: self.source(name), self._functions)
 
+    def sources(self) -> list[tuple[str, str]]:
+        """(name, source) of every entry point, as ``function`` compiles them (the shipped
+        kernels, ``compiler.ship``)."""
+        return [(name, self.source(name)) for name in self._entries]
+
     def precompile(self, kernel: Any, name: str) -> None:
         """Start compiling entry ``name`` for ``kernel``'s device, in the background (its
         ``warm_up``)."""
@@ -953,6 +958,7 @@ class _RowModule:
 
 
 ROWS = _RowModule()
+ship(ROWS.sources)
 
 # storage key -> the C compute type W of its traits
 WIDE_C = {"f32": "float", "f64": "double", "f16": "float", "bf16": "float"}

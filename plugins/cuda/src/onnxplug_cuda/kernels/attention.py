@@ -39,6 +39,7 @@ import numpy as np
 from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, attention, dtypes
 
 from .. import blas, dnn
+from ..compiler import ship
 from ..launch import bound_calls, function_launch
 from ..runtime import probe_devices
 from . import _fused as F
@@ -684,6 +685,8 @@ def softmax_launch(scores: Any, add: Any, causal: bool, filt: float, zero_nan: b
 
 
 SOFTMAX_ROWS = F.row_module(_SOFTMAX_SRC, _SOFTMAX_ENTRY)
+for _module in (FUSED_ATTENTION_MMA, FUSED_ATTENTION, SOFTMAX_ROWS):
+    ship(_module.sources)
 
 
 def _term_strides(add: Any) -> list[int]:

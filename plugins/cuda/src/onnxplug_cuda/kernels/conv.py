@@ -43,6 +43,7 @@ from onnxplug.ep import (
 )
 
 from .. import blas, dnn
+from ..compiler import ship
 from ._base import CudaKernel, node_graph
 from ._fused import MATH_PRE, UNARY_FLOAT, WIDE_PRE, _RowModule, widen
 
@@ -248,6 +249,21 @@ def epilogue(bias: bool, residual: bool, act: str | None, params: list[float]) -
     if k is None:
         k = _EPILOGUES[key] = ConvEpilogue(bias, residual, act, params)
     return k
+
+
+def _shipped_epilogues() -> list[tuple[str, str]]:
+    """The epilogues of a convolution with bias, with or without a residual and ReLU (the
+    fusions of CNNs), in float32 and float16, both layouts, 16-byte vectors or none."""
+    out = []
+    for residual, act in itertools.product((False, True), (None, "Relu")):
+        k = epilogue(True, residual, act, [])
+        for dtype, channels_last in itertools.product(("float32", "float16"), (False, True)):
+            for vec in (1, 16 // np.dtype(dtype).itemsize):
+                out.append(("ox_conv_epilogue", k.source(dtype, vec, channels_last, False)))
+    return out
+
+
+ship(_shipped_epilogues)
 
 
 class _ConvBase(CudaKernel):

@@ -35,7 +35,7 @@ import numpy as np
 
 from onnxplug.ep import KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
 
-from ..compiler import compiled_function
+from ..compiler import compiled_function, ship
 from ..launch import _NOOP, _UNITS, function_launch
 from ._base import ALL_FIXED, ALL_FIXED_BF16, BF16, NUMERIC, CudaKernel
 from .tensor import CPU, INDEX
@@ -410,6 +410,16 @@ def _gather_kernel(unit: int, index_dtype: np.dtype) -> tuple[str, Callable[[], 
     name = f"ox_gather_{unit}_{'i32' if i32 else 'i64'}"
     fields = {"name": name, "u": dict(_UNITS)[unit], "i": "int" if i32 else "long long"}
     return name, lambda: _GATHER_SRC + _GATHER_ENTRY % fields
+
+
+ship(
+    lambda: [
+        (name, source())
+        for unit, _ in _UNITS
+        for it in _GATHER_INDEX
+        for name, source in [_gather_kernel(unit, it)]
+    ]
+)
 
 
 def _gather_unit(row_bytes: int, *ptrs: int) -> int:

@@ -33,7 +33,7 @@ import numpy as np
 
 from onnxplug.ep import NHWC_DOMAIN, KernelContext, KernelInfo, KernelRegistry, dtypes, shapes
 
-from ..compiler import compiled_function
+from ..compiler import compiled_function, ship
 from ..launch import function_launch
 from ._base import CudaKernel
 from .conv import nchw_dims, nhwc_dims, pad_spatial
@@ -528,6 +528,16 @@ def _global_pool_kernel(mode: str, dtype: np.dtype) -> tuple[str, Callable[[], s
         return src.replace("ACC", "double" if dtype == np.float64 else "float")
 
     return name, source
+
+
+def _shipped_pools() -> list[tuple[str, str]]:
+    """Every pooling kernel, windowed and global, for each float type."""
+    kernels = [_raw_pool_kernel(m, dt) for m in _MODES for dt in _RAW_TYPES]
+    kernels += [_global_pool_kernel(m, dt) for m in _GLOBAL_STEPS for dt in _RAW_TYPES]
+    return [(name, source()) for name, source in kernels]
+
+
+ship(_shipped_pools)
 
 
 # ``com.ms.internal.nhwc`` pools (the layout pass's channels-last rewrites of 2-D pools)

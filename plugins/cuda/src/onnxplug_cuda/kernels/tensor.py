@@ -30,6 +30,7 @@ from onnxplug.ep import (
     shapes,
 )
 
+from ..compiler import ship
 from ..launch import bound_calls
 from . import _fused as F
 from ._base import ALL_FIXED_BF16, CudaKernel
@@ -238,6 +239,20 @@ class Dropout(CudaKernel):
 
 # ---------------------------------------------------------------------------------------------
 # Copies
+
+
+def _shipped_transposes() -> list[tuple[str, str]]:
+    """The strided copy a Transpose that moves the last axis runs, for the common types."""
+    raw = F.COPY.raw()
+    out = []
+    for dt in (np.float32, np.float16, np.int64, np.int32):
+        key_source = raw.variant((np.dtype(dt), np.dtype(dt)), flat=False)
+        if key_source is not None:
+            out.append(("oxr_" + raw.name, key_source[1]()))
+    return out
+
+
+ship(_shipped_transposes)
 
 
 class Transpose(_Copies):

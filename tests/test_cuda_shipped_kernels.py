@@ -1,0 +1,129 @@
+"""The CUDA provider's shipped kernels (``compiler.ship``, ``build_kernels``), checked without a
+GPU: the catalogue holds the very sources the run compiles (a shipped cubin is found by its
+source's digest, so a text that differs by one byte would never be used), and the build writes
+one cubin per kernel and architecture, removes what the catalogue dropped and reports a kernel
+that does not compile."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
+if str(PLUGIN_SRC) not in sys.path:
+    sys.path.insert(0, str(PLUGIN_SRC))
+
+from onnxplug_cuda import build_kernels, compiler, launch  # noqa: E402
+from onnxplug_cuda.kernels import _fused as F  # noqa: E402
+from onnxplug_cuda.kernels import attention, contrib, conv, indexing, pool  # noqa: E402
+
+build_kernels._import_families()
+CATALOGUE = {digest: (name, text) for digest, name, text in compiler.shipped_sources()}
+
+
+class _Queued:
+    """A kernel's ``precompile`` as ``warm_up`` calls it: records (name, source)."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[str, str]] = []
+
+    def precompile(self, name, source, functions=None, key=None) -> None:
+        self.queued.append((name, source()))
+
+
+def _shipped(name: str, text: str) -> bool:
+    return CATALOGUE.get(compiler._digest(text)) == (name, text)
+
+
+@pytest.mark.parametrize("entry", ["oxa_mma_f32_1x4", "oxa_mma_f32_2x2"])
+def test_the_float32_attention_kernels_are_shipped(entry):
+    k = _Queued()
+    attention.FUSED_ATTENTION_MMA.precompile(k, entry)
+    assert _shipped(*k.queued[0])
+
+
+def test_every_row_kernel_is_shipped():
+    for module in (
+        F.ROWS,
+        attention.FUSED_ATTENTION,
+        attention.SOFTMAX_ROWS,
+        contrib.SKIP_LN_ROWS,
+        contrib.EMBED_ROWS,
+        contrib.NBITS_ROWS,
+    ):
+        for name in module._entries:
+            k = _Queued()
+            module.precompile(k, name)
+            assert _shipped(*k.queued[0]), name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("shape", [(1, 64, 56, 56), (1, 3, 5, 7)])  # 16-byte vectors; none
+@pytest.mark.parametrize("residual", [False, True])
+def test_convolution_epilogues_are_shipped(dtype, channels_last, shape, residual):
+    """The epilogue a CNN's convolution with bias (and a residual, and ReLU) compiles, as its
+    ``warm_up`` queues it."""
+    if channels_last:
+        shape = (shape[0], *shape[2:], shape[1])
+    k = _Queued()
+    conv.epilogue(True, residual, "Relu", []).precompile(k, dtype, shape, channels_last)
+    assert _shipped(*k.queued[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
+def test_the_transpose_copy_is_shipped(dtype):
+    k = _Queued()
+    F.COPY.raw().precompile(k, (np.dtype(dtype), np.dtype(dtype)), flat=False)
+    assert _shipped(*k.queued[0])
+
+
+def test_gathers_copies_pools_and_the_hold_kernel_are_shipped():
+    kernels = [indexing._gather_kernel(u, np.dtype(i)) for u, _ in launch._UNITS for i in "iq"]
+    kernels += [launch._unit_copy_kernel(u, w) for u, _ in launch._UNITS for w in (False, True)]
+    for dtype in (np.float16, np.float32, np.float64):
+        kernels += [pool._raw_pool_kernel(m, np.dtype(dtype)) for m in pool._MODES]
+        kernels += [pool._global_pool_kernel(m, np.dtype(dtype)) for m in ("avg", "max")]
+    from onnxplug_cuda import dnn
+
+    kernels.append(dnn.HOLD_KERNEL)
+    for name, source in kernels:
+        assert _shipped(name, source()), name
+
+
+def test_each_shipped_source_defines_its_kernel():
+    for name, text in CATALOGUE.values():
+        assert f" {name}(" in text, name
+
+
+def test_the_build_writes_the_catalogue_and_nothing_else(tmp_path):
+    compiled: list[tuple[str, str]] = []
+
+    def fake_nvrtc(text: str, name: str, arch: str) -> bytes:
+        compiled.append((name, arch))
+        if arch == "sm_75" and name.startswith("oxa_mma"):
+            raise RuntimeError("ptxas: Feature 'cp.async' requires .target sm_80 or higher\nmore")
+        return f"{arch}:{name}".encode()
+
+    stale = tmp_path / "sm_90" / ("0" * 40 + ".cubin")
+    stale.parent.mkdir()
+    stale.write_bytes(b"a kernel the catalogue dropped")
+    left_out = build_kernels.build(["sm_90", "sm_75"], tmp_path, 2, fake_nvrtc)
+    assert left_out["sm_90"] == []
+    assert sorted(left_out["sm_75"]) == [
+        ("oxa_mma_f32_1x4", "ptxas: Feature 'cp.async' requires .target sm_80 or higher"),
+        ("oxa_mma_f32_2x2", "ptxas: Feature 'cp.async' requires .target sm_80 or higher"),
+    ]
+    assert not stale.exists()
+    built = {p.name for p in (tmp_path / "sm_90").iterdir()}
+    assert built == {f"{d}.cubin" for d in CATALOGUE}
+    assert len(list((tmp_path / "sm_75").iterdir())) == len(CATALOGUE) - 2
+    for digest, (name, _) in CATALOGUE.items():
+        assert (tmp_path / "sm_90" / f"{digest}.cubin").read_bytes() == f"sm_90:{name}".encode()
+    # built again: only what is missing is compiled (the kernels sm_75 could not take)
+    compiled.clear()
+    build_kernels.build(["sm_90", "sm_75"], tmp_path, 2, fake_nvrtc)
+    assert sorted(compiled) == [("oxa_mma_f32_1x4", "sm_75"), ("oxa_mma_f32_2x2", "sm_75")]
