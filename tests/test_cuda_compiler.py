@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,22 @@ class _Device:
         _Device.current.ordinal = self.prev
 
 
+class _Shipped:
+    """A function of a shipped cubin, as CuPy's ``RawKernel``: its module loads on ``kernel``."""
+
+    def __init__(self, name: str, image: bytes):
+        self.name, self.image = name, image
+
+    @property
+    def kernel(self) -> bytes:
+        if _Xp.RawModule.bad:
+            raise RuntimeError("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+        return self.image
+
+    def __eq__(self, other: object) -> bool:
+        return other == (self.name, self.image)
+
+
 class _Xp:
     """What the compiler uses of CuPy: RawModule, the current device, Device()."""
 
@@ -47,30 +64,20 @@ class _Xp:
     class cuda:
         Device = _Device
 
-        class function:
-            class Module:
-                """A cubin loaded as CuPy's ``function.Module`` loads it."""
-
-                bad = False
-
-                def load(self, image: bytes) -> None:
-                    if _Xp.cuda.function.Module.bad:
-                        raise RuntimeError("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
-                    self.image = image
-
-                def get_function(self, name: str) -> tuple[str, bytes]:
-                    return (name, self.image)
-
         class runtime:
             @staticmethod
             def getDevice() -> int:
                 return getattr(_Device.current, "ordinal", 0)
 
     class RawModule:
-        def __init__(self, code: str, options: tuple):
-            self.code = code
+        bad = False  # a cubin the driver refuses
 
-        def get_function(self, name: str) -> tuple[str, int]:
+        def __init__(self, code: str | None = None, options: tuple = (), path: str | None = None):
+            self.code, self.path = code, path
+
+        def get_function(self, name: str) -> Any:
+            if self.path is not None:  # a shipped cubin
+                return _Shipped(name, Path(self.path).read_bytes())
             time.sleep(_Xp.delay)
             device = getattr(_Device.current, "ordinal", 0)
             with _Xp.lock:
@@ -88,7 +95,7 @@ def xp(monkeypatch, tmp_path):
     monkeypatch.setattr(C, "_shipped", {})
     monkeypatch.setattr(C, "_archs", {})
     monkeypatch.delenv(C.ENV_SHIPPED, raising=False)
-    _Xp.cuda.function.Module.bad = False
+    _Xp.RawModule.bad = False
     monkeypatch.setenv("CUPY_CACHE_IN_MEMORY", "1")  # no index of compiled sources on disk
     monkeypatch.setattr(C, "_compiled_before", None)
     _Xp.compiles.clear()
@@ -260,14 +267,14 @@ def test_a_shipped_kernel_is_loaded_not_compiled(xp, monkeypatch, tmp_path):
     ``ONNXPLUG_SHIPPED_KERNELS=0`` compile as before."""
     _ship(monkeypatch, tmp_path, "sm_90", "built", "refused")
     loads = C.stats["shipped_loads"]
-    assert C.compiled_function(xp, "built", _src("built")) == ("built", b"cubin of built")
+    assert C.compiled_function(xp, "built", _src("built")) == _Shipped("built", b"cubin of built")
     assert C.stats["shipped_loads"] == loads + 1 and xp.compiles == []
     with _Device(1):  # an sm_80 device: nothing built for it
         assert C.compiled_function(xp, "built", _src("built")) == ("built", 1)
     assert C.compiled_function(xp, "other", _src("other")) == ("other", 0)
-    xp.cuda.function.Module.bad = True
+    xp.RawModule.bad = True
     assert C.compiled_function(xp, "refused", _src("refused")) == ("refused", 0)
-    xp.cuda.function.Module.bad = False
+    xp.RawModule.bad = False
     monkeypatch.setenv(C.ENV_SHIPPED, "0")
     C._functions.clear()
     assert C.compiled_function(xp, "built", _src("built")) == ("built", 0)

@@ -184,18 +184,17 @@ def _shipped_here(xp: Any, device: int, text: str) -> str | None:
 
 
 def _load_shipped(xp: Any, name: str, text: str) -> Any:
-    """Kernel ``name`` of ``text`` from the cubin the install built, on the current device;
-    None where there is none, or it does not load (a driver older than the compiler that
-    built it): then NVRTC compiles it."""
+    """Kernel ``name`` of ``text`` from the cubin the install built, on the current device (a
+    ``RawModule`` of the file: the same kind of function as a compile gives); None where there
+    is none, or it does not load (a driver older than the compiler that built it): then NVRTC
+    compiles it."""
     device = xp.cuda.runtime.getDevice()
     digest = _shipped_here(xp, device, text)
     if digest is None:
         return None
     try:
-        image = shipped_path(digest, _archs[device]).read_bytes()
-        module = xp.cuda.function.Module()
-        module.load(image)
-        fn = module.get_function(name)
+        fn = xp.RawModule(path=str(shipped_path(digest, _archs[device]))).get_function(name)
+        fn.kernel  # noqa: B018  (loads the module now: a refused cubin falls back here)
     except Exception:
         return None
     stats["shipped_loads"] += 1
