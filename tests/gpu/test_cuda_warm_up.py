@@ -190,8 +190,8 @@ def test_kernels_built_at_install_are_loaded_with_the_bits_of_compiled_ones(
     loads: list[str] = []
     real = compiler._load_shipped
 
-    def spy(xp, name, text):
-        fn = real(xp, name, text)
+    def spy(xp, name, digest):
+        fn = real(xp, name, digest)
         if fn is not None:
             loads.append(name)
         return fn

@@ -118,10 +118,11 @@ def _compile(
 ) -> Any:
     try:
         text = source()
-        fn = _load_shipped(xp, name, text)
+        digest = _digest(text)
+        fn = _load_shipped(xp, name, digest)
         if fn is None:
             fn = xp.RawModule(code=text, options=OPTIONS).get_function(name)
-            _remember(text)
+            _remember(digest)
     except BaseException as e:
         with _lock:
             if cache.get(key) is entry:
@@ -138,24 +139,25 @@ def _compile(
 
 # -- shipped kernels ---------------------------------------------------------------------------
 
-_catalogue: list[Callable[[], Iterable[tuple[str, str]]]] = []
+_Kernels = Callable[[], Iterable[tuple[str, Callable[[], str]]]]
+_catalogue: list[_Kernels] = []
 _shipped: dict[str, frozenset[str]] = {}  # "sm_90" -> digests of the cubins in its folder
 _archs: dict[int, str] = {}  # device -> "sm_90"
 stats = {"shipped_loads": 0}
 
 
-def ship(sources: Callable[[], Iterable[tuple[str, str]]]) -> None:
+def ship(kernels: _Kernels) -> None:
     """Add a kernel family's model-independent kernels to the catalogue the plugin's install
-    compiles: ``sources()`` yields (kernel name, source) as ``compiled_function`` is given
-    them."""
-    _catalogue.append(sources)
+    compiles: ``kernels()`` yields the (name, source) pairs ``compiled_function`` is given."""
+    _catalogue.append(kernels)
 
 
 def shipped_sources() -> Iterator[tuple[str, str, str]]:
     """(digest, kernel name, source) of every kernel in the catalogue, each source once."""
     seen: set[str] = set()
-    for sources in _catalogue:
-        for name, text in sources():
+    for kernels in _catalogue:
+        for name, source in kernels():
+            text = source()
             digest = _digest(text)
             if digest not in seen:
                 seen.add(digest)
@@ -166,10 +168,10 @@ def shipped_path(digest: str, arch: str) -> Path:
     return SHIPPED_DIR / arch / f"{digest}.cubin"
 
 
-def _shipped_here(xp: Any, device: int, text: str) -> str | None:
-    """The digest of ``text`` where the install built it for ``device``'s architecture."""
+def _shipped_here(xp: Any, device: int, digest: str) -> bool:
+    """Whether the install built the source of ``digest`` for ``device``'s architecture."""
     if os.environ.get(ENV_SHIPPED, "1").strip() == "0" or not SHIPPED_DIR.is_dir():
-        return None
+        return False
     arch = _archs.get(device)
     if arch is None:
         arch = _archs[device] = "sm_" + str(xp.cuda.Device(device).compute_capability)
@@ -180,18 +182,16 @@ def _shipped_here(xp: Any, device: int, text: str) -> str | None:
         except OSError:
             names = []
         digests = _shipped[arch] = frozenset(n[:-6] for n in names if n.endswith(".cubin"))
-    digest = _digest(text)
-    return digest if digest in digests else None
+    return digest in digests
 
 
-def _load_shipped(xp: Any, name: str, text: str) -> Any:
-    """Kernel ``name`` of ``text`` from the cubin the install built, on the current device (a
+def _load_shipped(xp: Any, name: str, digest: str) -> Any:
+    """Kernel ``name`` of the source of ``digest`` from the cubin the install built, on the current device (a
     ``RawModule`` of the file: the same kind of function as a compile gives); None where there
     is none, or it does not load (a driver older than the compiler that built it): then NVRTC
     compiles it."""
     device = xp.cuda.runtime.getDevice()
-    digest = _shipped_here(xp, device, text)
-    if digest is None:
+    if not _shipped_here(xp, device, digest):
         return None
     try:
         fn = xp.RawModule(path=str(shipped_path(digest, _archs[device]))).get_function(name)
@@ -236,9 +236,10 @@ def _known() -> set[str]:
     return _compiled_before
 
 
-def _remember(text: str) -> None:
-    """Add a compiled source to the index (one line, appended: processes may share it)."""
-    known, digest = _known(), _digest(text)
+def _remember(digest: str) -> None:
+    """Add a compiled source's digest to the index (one line, appended: processes may share
+    it)."""
+    known = _known()
     if digest in known:
         return
     known.add(digest)
@@ -278,7 +279,8 @@ def precompile(
     if key in cache:
         return  # compiled, queued or under way
     text = source()
-    if _digest(text) in _known() or _shipped_here(xp, device, text) is not None:
+    digest = _digest(text)
+    if digest in _known() or _shipped_here(xp, device, digest):
         return  # in the kernel cache, or built at install: the run loads it
     with _lock:
         if _closing or key in cache:

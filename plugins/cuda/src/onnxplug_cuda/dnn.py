@@ -668,7 +668,7 @@ extern "C" __global__ void oxd_hold(unsigned long long ns) {
 
 
 HOLD_KERNEL = ("oxd_hold", lambda: _HOLD_SRC)  # (name, source)
-ship(lambda: [(HOLD_KERNEL[0], HOLD_KERNEL[1]())])
+ship(lambda: [HOLD_KERNEL])
 
 
 def _hold_gpu(stream: int, ns: float) -> None:

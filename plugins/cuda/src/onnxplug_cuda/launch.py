@@ -522,14 +522,7 @@ def _unit_copy_kernel(unit: int, wide: bool) -> tuple[str, Callable[[], str]]:
     return f"ox_copy_units_{unit}_{w}", lambda: _UNIT_COPY_SRC + _UNIT_COPY_ENTRY % fields
 
 
-ship(
-    lambda: [
-        (name, source())
-        for unit, _ in _UNITS
-        for wide in (False, True)
-        for name, source in [_unit_copy_kernel(unit, wide)]
-    ]
-)
+ship(lambda: [_unit_copy_kernel(unit, wide) for unit, _ in _UNITS for wide in (False, True)])
 
 
 def _unit_copy_function(xp: Any, unit: int, wide: bool) -> Any:

@@ -943,22 +943,25 @@ class _RowModule:
         return self._shared + entry
 
     def function(self, xp: Any, name: str) -> Any:
-        return compiled_function(xp, name, lambda: self.source(name), self._functions)
+        return compiled_function(xp, *self.kernel(name), self._functions)
 
-    def sources(self) -> list[tuple[str, str]]:
-        """(name, source) of every entry point, as ``function`` compiles them (the shipped
-        kernels, ``compiler.ship``)."""
-        return [(name, self.source(name)) for name in self._entries]
+    def kernel(self, name: str) -> tuple[str, Callable[[], str]]:
+        """(name, source) of entry point ``name``, as ``function`` compiles it."""
+        return name, lambda: self.source(name)
+
+    def kernels(self) -> list[tuple[str, Callable[[], str]]]:
+        """Every entry point's (name, source): the shipped kernels (``compiler.ship``)."""
+        return [self.kernel(name) for name in self._entries]
 
     def precompile(self, kernel: Any, name: str) -> None:
         """Start compiling entry ``name`` for ``kernel``'s device, in the background (its
         ``warm_up``)."""
         self.source(name)  # a name that is not here fails now, not in the background
-        kernel.precompile(name, lambda: self.source(name), self._functions, (name,))
+        kernel.precompile(*self.kernel(name), self._functions, (name,))
 
 
 ROWS = _RowModule()
-ship(ROWS.sources)
+ship(ROWS.kernels)
 
 # storage key -> the C compute type W of its traits
 WIDE_C = {"f32": "float", "f64": "double", "f16": "float", "bf16": "float"}

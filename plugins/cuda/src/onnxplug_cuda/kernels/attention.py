@@ -686,7 +686,7 @@ def softmax_launch(scores: Any, add: Any, causal: bool, filt: float, zero_nan: b
 
 SOFTMAX_ROWS = F.row_module(_SOFTMAX_SRC, _SOFTMAX_ENTRY)
 for _module in (FUSED_ATTENTION_MMA, FUSED_ATTENTION, SOFTMAX_ROWS):
-    ship(_module.sources)
+    ship(_module.kernels)
 
 
 def _term_strides(add: Any) -> list[int]:

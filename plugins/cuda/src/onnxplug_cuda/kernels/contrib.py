@@ -330,7 +330,7 @@ SKIP_LN_MODULE_SRC = (
     )
 )
 SKIP_LN_ROWS = F._RowModule(SKIP_LN_MODULE_SRC)
-ship(SKIP_LN_ROWS.sources)
+ship(SKIP_LN_ROWS.kernels)
 
 
 def skip_ln_kernel(key: str, cols: int, operands: tuple) -> tuple[str, int]:
@@ -603,7 +603,7 @@ extern "C" __global__ void oxc_embed_sum_{k}(const int* ids, const int* seg_ids,
 }}
 """
 EMBED_ROWS = F.row_module(_EMBED_SRC, _EMBED_ENTRY)
-ship(EMBED_ROWS.sources)
+ship(EMBED_ROWS.kernels)
 
 
 def _embed_sum_np(ids, seg_ids, pos_ids, pos_batched, word, pos, seg, s, *sizes: Any) -> None:
@@ -844,7 +844,7 @@ extern "C" __global__ void oxc_nbits_dequant_{k}(const unsigned char* b, const {
 }}
 """
 NBITS_ROWS = F.row_module(_NBITS_SRC, _NBITS_ENTRY)
-ship(NBITS_ROWS.sources)
+ship(NBITS_ROWS.kernels)
 
 
 def _bits_at(data: np.ndarray, base: np.ndarray, bit: np.ndarray, bits: int) -> np.ndarray:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -251,7 +252,7 @@ def epilogue(bias: bool, residual: bool, act: str | None, params: list[float]) -
     return k
 
 
-def _shipped_epilogues() -> list[tuple[str, str]]:
+def _shipped_epilogues() -> list[tuple[str, Callable[[], str]]]:
     """The epilogues of a convolution with bias, with or without a residual and ReLU (the
     fusions of CNNs), in float32 and float16, both layouts, 16-byte vectors or none."""
     out = []
@@ -259,7 +260,8 @@ def _shipped_epilogues() -> list[tuple[str, str]]:
         k = epilogue(True, residual, act, [])
         for dtype, channels_last in itertools.product(("float32", "float16"), (False, True)):
             for vec in (1, 16 // np.dtype(dtype).itemsize):
-                out.append(("ox_conv_epilogue", k.source(dtype, vec, channels_last, False)))
+                module = k._module(dtype, vec, channels_last, False)
+                out.append(module.kernel("ox_conv_epilogue"))
     return out
 
 

@@ -412,14 +412,7 @@ def _gather_kernel(unit: int, index_dtype: np.dtype) -> tuple[str, Callable[[], 
     return name, lambda: _GATHER_SRC + _GATHER_ENTRY % fields
 
 
-ship(
-    lambda: [
-        (name, source())
-        for unit, _ in _UNITS
-        for it in _GATHER_INDEX
-        for name, source in [_gather_kernel(unit, it)]
-    ]
-)
+ship(lambda: [_gather_kernel(unit, it) for unit, _ in _UNITS for it in _GATHER_INDEX])
 
 
 def _gather_unit(row_bytes: int, *ptrs: int) -> int:

@@ -530,14 +530,9 @@ def _global_pool_kernel(mode: str, dtype: np.dtype) -> tuple[str, Callable[[], s
     return name, source
 
 
-def _shipped_pools() -> list[tuple[str, str]]:
-    """Every pooling kernel, windowed and global, for each float type."""
-    kernels = [_raw_pool_kernel(m, dt) for m in _MODES for dt in _RAW_TYPES]
-    kernels += [_global_pool_kernel(m, dt) for m in _GLOBAL_STEPS for dt in _RAW_TYPES]
-    return [(name, source()) for name, source in kernels]
-
-
-ship(_shipped_pools)
+# every pooling kernel, windowed and global, for each float type
+ship(lambda: [_raw_pool_kernel(m, dt) for m in _MODES for dt in _RAW_TYPES])
+ship(lambda: [_global_pool_kernel(m, dt) for m in _GLOBAL_STEPS for dt in _RAW_TYPES])
 
 
 # ``com.ms.internal.nhwc`` pools (the layout pass's channels-last rewrites of 2-D pools)

@@ -16,6 +16,7 @@ handled, bfloat16 through its uint16 view (outputs are allocated with the tensor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -241,14 +242,14 @@ class Dropout(CudaKernel):
 # Copies
 
 
-def _shipped_transposes() -> list[tuple[str, str]]:
+def _shipped_transposes() -> list[tuple[str, Callable[[], str]]]:
     """The strided copy a Transpose that moves the last axis runs, for the common types."""
     raw = F.COPY.raw()
     out = []
     for dt in (np.float32, np.float16, np.int64, np.int32):
-        key_source = raw.variant((np.dtype(dt), np.dtype(dt)), flat=False)
-        if key_source is not None:
-            out.append(("oxr_" + raw.name, key_source[1]()))
+        variant = raw.variant((np.dtype(dt), np.dtype(dt)), flat=False)
+        if variant is not None:
+            out.append(("oxr_" + raw.name, variant[1]))
     return out
 
 
