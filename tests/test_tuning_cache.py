@@ -251,7 +251,7 @@ def _spec(**kw) -> dnn.ConvSpec:
     base = dict(
         kind="fprop", dtype=np.dtype(np.float16), x=(1, 64, 56, 56), w=(64, 64, 1, 1),
         y=(1, 64, 56, 56), pads_begin=(0, 0), pads_end=(0, 0), strides=(1, 1),
-        dilations=(1, 1), channels_last=True,
+        dilations=(1, 1),
     )  # fmt: skip
     return dnn.ConvSpec(**{**base, **kw})
 
@@ -266,8 +266,8 @@ def _spec(**kw) -> dnn.ConvSpec:
     ],
 )
 def test_an_optional_fusion_runs_where_it_pays(fused_ms, plain_ms, pays):
-    """Bias + ReLU fused on a shipped engine runs only where its timed plan is not slower
-    than the plain graph's plus the epilogue kernel it saves (``_epilogue_ms``)."""
+    """Bias + ReLU fused on a shipped engine runs (NCHW) only where its timed plan is not
+    slower than the plain graph's plus the epilogue kernel it saves (``_epilogue_ms``)."""
     eng = object.__new__(dnn.CudnnConv)
     eng.ordinal, eng._pays = 0, {}
     plain = _spec()
@@ -281,6 +281,21 @@ def test_an_optional_fusion_runs_where_it_pays(fused_ms, plain_ms, pays):
     assert eng._pays == {fused: pays}  # decided once
     y_bytes = 64 * 56 * 56 * 2
     assert dnn._epilogue_ms(plain) == pytest.approx(2e-3 + 2 * y_bytes / 2e9)
+
+
+def test_an_optional_fusion_in_nhwc_runs_without_a_plain_graph():
+    """In NHWC every such fusion paid (H100): the fused graph runs, untimed against a plain
+    graph, which is not built; without an engine for it, it is not taken."""
+    eng = object.__new__(dnn.CudnnConv)
+    eng.ordinal, eng._pays = 0, {}
+    plain = _spec(channels_last=True)
+    fused = _spec(bias=True, relu=True, precompiled=True, channels_last=True)
+    eng._graphs = {(0, fused): dnn._Graph(None, 0, 0, None, 0.0200)}  # slower than NCHW allows
+    assert eng._fusion_pays(None, fused, plain, {}) is True
+    assert list(eng._graphs) == [(0, fused)]
+    other = _spec(bias=True, precompiled=True, channels_last=True)
+    eng._graphs[(0, other)] = None
+    assert eng._fusion_pays(None, other, plain, {}) is False
 
 
 def test_an_optional_fusion_without_an_engine_is_not_taken():

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -219,15 +220,18 @@ class _TimedPlans:
         dnn._hold_gpu(self.stream, self.gpu_ns[i])
 
 
-def test_exhaustive_search_times_gpu_work_not_host_launches():
+@pytest.mark.parametrize("cap_ns", [None, 200_000])
+def test_exhaustive_search_times_gpu_work_not_host_launches(monkeypatch, cap_ns):
     """Plan 0 costs the host 0.5 ms per call and the GPU 5 us; plan 1 the host nothing and the
     GPU 100 us. Timed one call at a time on an idle GPU, plan 0 looked slower (its host time
-    was inside the events); the search must pick plan 0, at about its GPU time, also when the
-    host's enqueueing outlasts the first hold of the GPU."""
+    was inside the events); the search must pick plan 0, at about its GPU time, with the hold
+    the host releases, and also when the host's enqueueing outlasts the hold's cap (200 us)."""
     import cupy
 
     from onnxplug_cuda import dnn
 
+    if cap_ns is not None:
+        monkeypatch.setattr(dnn, "_HOLD_CAP_NS", cap_ns)
     stream = cupy.cuda.Stream(non_blocking=True)
 
     class Stream:
@@ -242,12 +246,36 @@ def test_exhaustive_search_times_gpu_work_not_host_launches():
     plans = _TimedPlans([5e-4, 0.0], [5_000, 100_000], stream.ptr)
     times = dnn._time_plans(Ctx(), plans, {}, [0, 1])
     assert times[0] < 0.05 and times[1] > 0.09, times
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record(stream)
-    dnn._hold_gpu(stream.ptr, 1_000_000)
-    end.record(stream)
-    end.synchronize()
-    assert cupy.cuda.get_elapsed_time(start, end) >= 0.95
+
+
+def test_gpu_hold_lasts_its_time_or_until_the_host_releases_it():
+    """The search's hold: without a release flag it lasts its time; with one, it ends when
+    the host sets the flag, well before its cap."""
+    import cupy
+
+    from onnxplug_cuda import dnn
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def held_ms(ns: int, release: int = 0, set_flag: Any = None) -> float:
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        dnn._hold_gpu(stream.ptr, ns, release)
+        end.record(stream)
+        if set_flag is not None:
+            time.sleep(0.02)
+            set_flag()
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end)
+
+    assert held_ms(1_000_000) >= 0.95
+    mem = cupy.cuda.alloc_pinned_memory(4)
+    flag = np.frombuffer(mem, np.uint32, 1)
+    flag[0] = 0
+    ms = held_ms(2_000_000_000, mem.ptr, lambda: flag.__setitem__(0, 1))
+    assert 15 <= ms < 500, ms  # released after the host's 20 ms, not at the 2 s cap
+    flag[0] = 1
+    assert held_ms(2_000_000_000, mem.ptr) < 100  # released before it started
 
 
 def test_transpose_matmul_fuses_on_cuda():

@@ -17,11 +17,15 @@ no dict) when the wheel has it; an autotuned graph runs its winner by index
 (``_execute_plan_at_index``), since the ordered path runs the frontend's default candidate.
 
 Algorithm search (``cudnn_conv_algo_search``), as in onnxruntime:
-* EXHAUSTIVE: the first 8 plans of heuristics A then FALLBACK that build are timed once per
+* EXHAUSTIVE: the first 4 plans of heuristics A then FALLBACK that build are timed once per
   graph on the real buffers (skipped while the stream captures a CUDA graph: the first is run),
   and the fastest is run; the winner is kept on disk (below). Each plan's time is that of 5
-  back-to-back calls enqueued behind a spin kernel holding the GPU, so that it is GPU time
-  only, as in a replayed graph, not the host's launch time of a call on an idle GPU.
+  back-to-back calls enqueued behind a spin kernel holding the GPU until the host has enqueued
+  them all, so that it is GPU time only, as in a replayed graph, not the host's launch time of a
+  call on an idle GPU. Four candidates, not eight: in ResNet-50's 43 graphs (H100, b1 float32,
+  three processes) the fastest of the first four was within 0.3% of the fastest of eight
+  (summed over the graphs), and the replayed GPU time at b1 and b32, float32 and float16,
+  stayed within 0.5% of eight's.
 * HEURISTIC: the first plan of heuristics A (then FALLBACK) that builds.
 * DEFAULT: the FALLBACK heuristic's first plan (cuDNN's always-available engines).
 
@@ -35,10 +39,15 @@ before ``check_support``: it marks plan candidates as barred (``Execution_plan_l
 include/cudnn_frontend/plans.h).
 
 An optional fusion (``run(..., plain=spec)``: bias and ReLU on a shipped engine, with
-``fuse_conv_bias=0``) runs only where its timed best plan is not slower than the plain graph's
-plus the epilogue kernel it saves (``_epilogue_ms``): in a replayed ResNet-50 b1 float16 graph
-on an H100, fusing every such convolution made the GPU time longer (523 vs 510 µs), with fused
-engines of about 20 µs per call where the plain ones took 4-10 µs and the epilogue 1.7-2.
+``fuse_conv_bias=0``) runs, in NCHW, only where its timed best plan is not slower than the plain
+graph's plus the epilogue kernel it saves (``_epilogue_ms``); in NHWC it always runs. Timed on
+an H100 (ResNet-50's 20 such convolutions, GPU time as below): in NCHW the fused engines took
+6-35 µs where the plain ones took 4-34, and 8 of 20 fusions (b1 float32) and 19 of 20 (b1
+float16) did not pay; in NHWC every fusion paid (80 of 80: b1 and b32, float32 and float16,
+fused within 3 µs of the plain graph, which the 2-5 µs epilogue kernel then follows), so the
+plain graphs are not built there: they were 20 of the 43 graphs a first run built, and the
+first run took 373-443 ms instead of 641-843 (with the changes to the search above; four
+interleaved first processes each).
 
 Autotune results are kept on disk (``TuningCache``): the winning plan of each graph and its time,
 so that a later process builds that one plan instead of every candidate and times none. The file is per
@@ -97,13 +106,14 @@ _UID_X, _UID_W, _UID_B, _UID_Y, _UID_Z = 1, 2, 3, 4, 5
 UID_Q, UID_K, UID_V, UID_O, UID_BIAS = 11, 12, 13, 14, 15  # an attention graph's tensors
 _EXHAUSTIVE, _HEURISTIC, _DEFAULT = 0, 1, 2
 _F64 = np.dtype(np.float64)
-# EXHAUSTIVE search builds and times this many candidates, in the heuristics' order (building
-# every candidate of a plain convolution took seconds per model: a cold start cost)
-_TUNED_PLANS = 8
+# EXHAUSTIVE search builds and times this many candidates, in the heuristics' order (each one
+# costs a first run host time: building it, loading its kernels)
+_TUNED_PLANS = 4
 # EXHAUSTIVE search times this many back-to-back calls of each candidate, behind a hold of the
-# GPU long enough for the host to enqueue them all (lengthened when the host is slower)
+# GPU that the host releases once it has enqueued them all (a flag in pinned memory). The hold
+# ends by itself after _HOLD_CAP_NS, and is lengthened when the host is slower than that.
 _TIMED_CALLS = 5
-_HOLD_NS = 2_000_000
+_HOLD_CAP_NS = 100_000_000
 # part of the tuning cache's fingerprint: results timed another way are tuned again
 _TIMING_METHOD = 2
 
@@ -293,9 +303,13 @@ class CudnnConv:
 
     def _fusion_pays(self, ctx: Any, spec: ConvSpec, plain: ConvSpec, ptrs: dict[int, int]) -> bool:
         """Whether ``spec``'s fused graph takes at most the time of ``plain``'s graph and an
-        epilogue kernel (True where either graph was not timed). Decided once per spec."""
+        epilogue kernel (True where either graph was not timed, and in NHWC: see the module's
+        docstring). Decided once per spec."""
         pays = self._pays.get(spec)
         if pays is not None:
+            return pays
+        if spec.channels_last:
+            pays = self._pays[spec] = self._graph(ctx, spec, ptrs) is not None
             return pays
         fused = self._graph(ctx, spec, ptrs)
         pays = fused is not None
@@ -625,42 +639,50 @@ def _time_plans(ctx: Any, g: Any, ptrs: dict[int, int], built: list[int]) -> dic
             continue
         usable.append(i)
     times: dict[int, float] = {}
-    hold_ns = _HOLD_NS
+    release = cupy.cuda.alloc_pinned_memory(4)  # the host's "all enqueued" flag for the GPU
+    flag = np.frombuffer(release, np.uint32, 1)
+    cap_ns = _HOLD_CAP_NS
     for _ in range(4):
         # The GPU is held by a spin kernel while every candidate's calls are enqueued, so
         # the events time the calls back to back as a replayed graph runs them. Timed one
         # by one on an idle GPU, a call's time included the host's launch of it: in
         # ResNet-50 b1 float16 (H100) the host took 15 us per call (median) and the fastest
         # plans 6.2 us; 30 of 43 picks changed, and the picks' GPU time fell from 326 to
-        # 294 us (scripts/debug/conv_timing.py).
+        # 294 us (scripts/debug/conv_timing.py). The host releases the hold when done:
+        # a fixed hold (2 ms) left the GPU idle for most of it, in each graph's search.
         marks = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in usable]
+        flag[0] = 0
         t0 = time.perf_counter()
-        _hold_gpu(ctx.stream.handle, hold_ns)
-        for i, (start, end) in zip(usable, marks):
-            start.record(stream)
-            try:
-                for _ in range(_TIMED_CALLS):
-                    g._execute_plan_at_index(ptrs, ws_ptr, i, handle)
-            except Exception:
-                times[i] = math.inf
-            end.record(stream)
-        host_ns = (time.perf_counter() - t0) * 1e9
+        _hold_gpu(ctx.stream.handle, cap_ns, release.ptr)
+        try:
+            for i, (start, end) in zip(usable, marks):
+                start.record(stream)
+                try:
+                    for _ in range(_TIMED_CALLS):
+                        g._execute_plan_at_index(ptrs, ws_ptr, i, handle)
+                except Exception:
+                    times[i] = math.inf
+                end.record(stream)
+        finally:
+            host_ns = (time.perf_counter() - t0) * 1e9
+            flag[0] = 1
         stream.synchronize()
         for i, (start, end) in zip(usable, marks):
             if times.get(i) != math.inf:
                 times[i] = cupy.cuda.get_elapsed_time(start, end) / _TIMED_CALLS
-        if host_ns < hold_ns:
+        if host_ns < cap_ns:
             break
-        hold_ns = 2 * host_ns  # the host fell behind the GPU: time again, held longer
+        cap_ns = 2 * host_ns  # the hold ended before the host was done: time again
     del ws
     return times
 
 
 _HOLD_SRC = r"""
-extern "C" __global__ void oxd_hold(unsigned long long ns) {
+extern "C" __global__ void oxd_hold(const volatile unsigned int* release, unsigned long long ns) {
     unsigned long long start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     do {
+        if (release != 0 && *release != 0) break;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     } while (now - start < ns);
 }
@@ -671,16 +693,18 @@ HOLD_KERNEL = ("oxd_hold", lambda: _HOLD_SRC)  # (name, source)
 ship(lambda: [HOLD_KERNEL])
 
 
-def _hold_gpu(stream: int, ns: float) -> None:
+def _hold_gpu(stream: int, ns: float, release: int = 0) -> None:
     """Keep ``stream`` busy for about ``ns`` nanoseconds (one thread spinning on the GPU's
-    global timer), so that work enqueued behind it runs back to back."""
+    global timer), so that work enqueued behind it runs back to back; with ``release`` (the
+    address of a uint32 in pinned host memory), only until the host sets it."""
     import cupy
 
     from .compiler import compiled_function
     from .launch import function_launch
 
     kernel = compiled_function(cupy, *HOLD_KERNEL)
-    function_launch(kernel, (1,), (1,), (np.uint64(int(ns)),), stream)()
+    args = (np.uint64(int(release)), np.uint64(int(ns)))
+    function_launch(kernel, (1,), (1,), args, stream)()
 
 
 def _epilogue_ms(spec: ConvSpec) -> float:
