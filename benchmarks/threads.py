@@ -11,6 +11,12 @@ exports them (needs torch, torchvision and transformers)::
     python benchmarks/threads.py                                 # CUDA, both models
     python benchmarks/threads.py --models bert_base --threads 1,4 --seconds 10
     python benchmarks/threads.py --iobinding --graphs on       # device inputs and outputs
+    python benchmarks/threads.py --graphs on --gpu-bound       # and the GPU's own bound
+
+``--gpu-bound`` (CUDA graphs on) adds what the GPU does alone: with k threads holding their
+captured graphs, one thread replays the k graphs round-robin on their k streams with no other
+host work, so the inferences/s are those of k concurrent streams on this GPU, the most that k
+threads could reach.
 
 Any model on any provider (inputs are random, unfixed dims 1 unless ``--dim`` sets them)::
 
@@ -144,6 +150,59 @@ def throughput(
     return sum(counts) / elapsed, all(same)
 
 
+def gpu_bound(sess: Any, feeds: dict[str, Any], streams: list[int], runs: int = 300) -> dict:
+    """Inferences per second of k graphs replayed concurrently (k in ``streams``): k threads
+    capture their own graphs of ``sess`` and keep them (a thread's graphs go with it) while
+    this thread launches them round-robin, each on its own stream, and waits once at the end.
+    Reads the CUDA provider's captured graphs: a measurement of the GPU, not an API."""
+    import cupy
+
+    k_max = max(streams)
+    hold, ready = threading.Event(), threading.Barrier(k_max + 1)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(3):
+                sess.run(None, feeds)
+        except BaseException as e:  # reported below
+            errors.append(e)
+        ready.wait()
+        hold.wait()
+
+    ts = [threading.Thread(target=worker, daemon=True) for _ in range(k_max)]
+    for t in ts:
+        t.start()
+    ready.wait()
+    try:
+        if errors:
+            raise errors[0]
+        ep = next(e for e in sess._eps if hasattr(e, "replay_graph"))
+        graphs = list(ep._graphs.values())  # (graph exec, stream) per thread that captured
+        if len({stream.handle for _, stream in graphs}) < k_max:
+            raise RuntimeError(f"{len(graphs)} graphs captured for {k_max} threads")
+        out = {}
+        with ep.device_guard():
+            for k in streams:
+                chosen = [(exe, stream.handle) for exe, stream in graphs[:k]]
+                n = max(50, runs // k)
+                for launch in (1, n):  # a first round untimed
+                    cupy.cuda.Device().synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(launch):
+                        for exe, handle in chosen:
+                            err = ep.backend.launch_graph(exe, handle)
+                            if err:
+                                raise RuntimeError(err)
+                    cupy.cuda.Device().synchronize()
+                out[k] = n * k / (time.perf_counter() - t0)
+        return out
+    finally:
+        hold.set()
+        for t in ts:
+            t.join()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--provider", choices=sorted(PROVIDERS), default="CUDA")
@@ -161,6 +220,11 @@ def main() -> int:
         action="store_true",
         help="CUDA: each thread runs an IOBinding with inputs and outputs on the device",
     )
+    ap.add_argument(
+        "--gpu-bound",
+        action="store_true",
+        help="CUDA graphs on: also the GPU's own inferences/s with k concurrent streams",
+    )
     ap.add_argument("--session-config", action="append", default=[], help="key=value")
     ap.add_argument("--out", default="/tmp/onnxplug_models", help="where CUDA models go")
     ap.add_argument("--json", default=None)
@@ -172,6 +236,8 @@ def main() -> int:
     modes = {"both": [False, True], "off": [False], "on": [True]}[graphs]
     if provider != CUDA and True in modes:
         ap.error("--graphs on needs --provider CUDA")
+    if args.gpu_bound and True not in modes:
+        ap.error("--gpu-bound needs CUDA graphs (--graphs on or both)")
 
     if args.model:
         cases = []
@@ -225,6 +291,13 @@ def main() -> int:
                     "bit_identical": identical,
                 }
             )
+            if graph and args.gpu_bound:
+                bound = gpu_bound(sess, feeds, threads)
+                row = [label, "GPU bound"] + [f"{bound[t]:.1f}" for t in threads]
+                if 1 in threads and len(threads) > 1:
+                    row += [f"{bound[t] / bound[1]:.2f}x" for t in threads if t != 1]
+                print("| " + " | ".join(row) + " | - |", flush=True)
+                rows[-1]["gpu_bound_inferences_per_s"] = {str(t): bound[t] for t in threads}
             del sess
     if args.json:
         with open(args.json, "w") as f:
