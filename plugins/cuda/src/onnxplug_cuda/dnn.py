@@ -25,7 +25,7 @@ Algorithm search (``cudnn_conv_algo_search``), as in onnxruntime:
   call on an idle GPU. Four candidates, not eight: in ResNet-50's 43 graphs (H100, b1 float32,
   three processes) the fastest of the first four was within 0.3% of the fastest of eight
   (summed over the graphs), and the replayed GPU time at b1 and b32, float32 and float16,
-  stayed within 0.5% of eight's.
+  was within 1.2% of eight's (two runs; b1 lower, b32 0.2-1.2% higher).
 * HEURISTIC: the first plan of heuristics A (then FALLBACK) that builds.
 * DEFAULT: the FALLBACK heuristic's first plan (cuDNN's always-available engines).
 
@@ -45,9 +45,9 @@ an H100 (ResNet-50's 20 such convolutions, GPU time as below): in NCHW the fused
 6-35 µs where the plain ones took 4-34, and 8 of 20 fusions (b1 float32) and 19 of 20 (b1
 float16) did not pay; in NHWC every fusion paid (80 of 80: b1 and b32, float32 and float16,
 fused within 3 µs of the plain graph, which the 2-5 µs epilogue kernel then follows), so the
-plain graphs are not built there: they were 20 of the 43 graphs a first run built, and the
-first run took 373-443 ms instead of 641-843 (with the changes to the search above; four
-interleaved first processes each).
+plain graphs are not built there: they were 20 of the 43 graphs a first run built. With the
+changes to the search above, ResNet-50 b1's first run took 373-477 ms instead of 531-843 (seven
+interleaved first processes each, two machine starts).
 
 Autotune results are kept on disk (``TuningCache``): the winning plan of each graph and its time,
 so that a later process builds that one plan instead of every candidate and times none. The file is per
