@@ -177,7 +177,7 @@ def gpu_bound(sess: Any, feeds: dict[str, Any], streams: list[int], runs: int = 
     try:
         if errors:
             raise errors[0]
-        ep = next(e for e in sess._eps if hasattr(e, "replay_graph"))
+        ep = next(e for e in sess._eps if e.name == CUDA)
         graphs = list(ep._graphs.values())  # (graph exec, stream) per thread that captured
         if len({stream.handle for _, stream in graphs}) < k_max:
             raise RuntimeError(f"{len(graphs)} graphs captured for {k_max} threads")

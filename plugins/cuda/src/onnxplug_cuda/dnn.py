@@ -308,12 +308,9 @@ class CudnnConv:
         pays = self._pays.get(spec)
         if pays is not None:
             return pays
-        if spec.channels_last:
-            pays = self._pays[spec] = self._graph(ctx, spec, ptrs) is not None
-            return pays
         fused = self._graph(ctx, spec, ptrs)
         pays = fused is not None
-        if fused is not None and fused.ms is not None:
+        if fused is not None and fused.ms is not None and not spec.channels_last:
             base = self._graph(ctx, plain, {u: ptrs[u] for u in (_UID_X, _UID_W, _UID_Y)})
             if base is not None and base.ms is not None:
                 pays = fused.ms <= base.ms + _epilogue_ms(spec)
