@@ -4,13 +4,16 @@ per-process cache), twice in a row (the second process finds what the first left
 
     python benchmarks/cold_start.py [--models resnet50,bert_base,gpt2] [--out DIR]
                                     [--cprofile N] [--trace-imports torch,scipy]
-                                    [--cuda-options k=v,...] [--processes N]
+                                    [--cuda-options k=v,...] [--processes N] [--phases]
 
 Models come from benchmarks/models.py's export (batch 1, fp32). Each model starts from empty
 caches (cuDNN tuning and plans, compiled kernels: a new folder for ``ONNXPLUG_CACHE_DIR`` and
 ``CUPY_CACHE_DIR``), so its first process is a machine's first; ``--cache-dir DIR`` uses DIR
 instead (for all models). ``--cprofile N`` also prints the
 N most expensive functions (cumulative) of creation and first run, from a third process.
+``--phases`` prints, from such a process, when each phase of creation and first run began and
+ended, on which thread (``PHASES``: the functions timed; the helper threads' driver work
+included), which Python 3.12's cProfile cannot show: it mixes every thread's calls.
 onnxruntime's figures (ORT 1.31.1 CUDA EP, same H100, ../shared/anchors/ort_gpu_more.md §1) are
 printed beside ours.
 """
@@ -27,6 +30,29 @@ import time
 
 # onnxruntime CUDA EP, default options: (create s, first run ms), from ../shared/anchors.
 ANCHORS = {"resnet50": (0.450, 601.9), "bert_base": (1.092, 130.6), "gpt2": (1.195, 119.9)}
+
+# (module, qualified name) of the functions ``--phases`` times: session creation's steps, the
+# CUDA provider's set-up and its helper threads, the first run's cuDNN and cuBLASLt planning
+PHASES = (
+    ("onnxplug.session.inference_session", "InferenceSession._create_eps"),
+    ("onnxplug.session.inference_session", "_ModelLoad._load"),
+    ("onnxplug.session.inference_session", "optimize"),
+    ("onnxplug.session.inference_session", "InferenceSession._build"),
+    ("onnxplug.ep.loader", "PluginRegistry._discover"),
+    ("onnxplug.ep.loader", "_resolve_factory"),
+    ("onnxplug_cuda.factory", "CudaEpFactory.get_supported_devices"),
+    ("onnxplug_cuda.factory", "probe_devices"),
+    ("onnxplug_cuda.factory", "create_ep"),
+    ("onnxplug_cuda.backend", "CupyBackend.__init__"),
+    ("onnxplug_cuda.runtime", "_init_driver"),
+    ("onnxplug_cuda.runtime", "_retain_primary_context"),
+    ("onnxplug_cuda.blas", "warm_cublaslt"),
+    ("onnxplug.optimizer.passes", "fold_constants"),
+    ("onnxplug.optimizer.passes", "convert_to_nhwc"),
+    ("onnxplug.session.build", "FusionTarget.__init__"),
+    ("onnxplug_cuda.dnn", "CudnnConv._build"),
+    ("onnxplug_cuda.blas", "LtGemm._build"),
+)
 
 _CHILD = r"""
 import json, os, sys, time, traceback
@@ -48,6 +74,29 @@ sys.path.insert(0, "benchmarks")
 from models import feeds_for, model_path
 t_import = time.perf_counter() - t0
 name, out, prof = sys.argv[1], sys.argv[2], int(sys.argv[3])
+phases = json.loads(os.environ.get("ONNXPLUG_PHASES", "[]"))
+events = []
+if phases:
+    import functools, importlib, threading
+    import onnxplug_cuda  # its modules imported now (about 15 ms less creation) to be wrapped
+    def timed(fn, label):
+        @functools.wraps(fn)
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                events.append((label, threading.current_thread().name, t, time.perf_counter()))
+        return call
+    for mod, qual in phases:
+        try:
+            owner = importlib.import_module(mod)
+            *path, attr = qual.split(".")
+            for p in path:
+                owner = getattr(owner, p)
+            setattr(owner, attr, timed(getattr(owner, attr), qual))
+        except (ImportError, AttributeError) as e:
+            sys.stderr.write(f"phases: {mod}.{qual} not found ({e})\n")
 cuda = dict(kv.split("=", 1) for kv in sys.argv[4].split(",") if kv)
 feeds = feeds_for(name, 1)
 path = model_path(out, name, 1)
@@ -72,13 +121,29 @@ if prof:
         pstats.Stats(p, stream=sys.stderr).sort_stats("tottime").print_stats(prof // 2)
 s.run(None, feeds)
 t4 = time.perf_counter()
+if phases:
+    sys.stderr.write(f"\n### phases (ms from the session's creation; creation ends at "
+                     f"{(t2 - t1) * 1e3:.1f}, the first run at {(t3 - t1) * 1e3:.1f})\n")
+    spans = {}
+    for label, thread, a, b in events:
+        if a >= t1 and b <= t3:
+            spans.setdefault((label, thread), []).append((a, b))
+    for (label, thread), ab in sorted(spans.items(), key=lambda kv: kv[1][0][0]):
+        a, b = ab[0][0], ab[-1][1]
+        busy = sum(y - x for x, y in ab)
+        sys.stderr.write(f"{(a - t1) * 1e3:8.1f} {(b - t1) * 1e3:8.1f} {busy * 1e3:8.1f} ms "
+                         f"x{len(ab):<4d} {thread:30s} {label}\n")
 print(json.dumps({"import_s": t_import, "create_s": t2 - t1, "first_ms": (t3 - t2) * 1e3,
                   "second_ms": (t4 - t3) * 1e3}))
 """
 
 
-def child(name: str, out: str, prof: int = 0, trace: str = "", options: str = "") -> dict:
+def child(
+    name: str, out: str, prof: int = 0, trace: str = "", options: str = "", phases: bool = False
+) -> dict:
     env = {**os.environ, "ONNXPLUG_TRACE_IMPORTS": trace} if trace else None
+    if phases:
+        env = {**(env or os.environ), "ONNXPLUG_PHASES": json.dumps(PHASES)}
     t0 = time.perf_counter()
     p = subprocess.run(
         [sys.executable, "-c", _CHILD, name, out, str(prof), options],
@@ -88,7 +153,7 @@ def child(name: str, out: str, prof: int = 0, trace: str = "", options: str = ""
         env=env,
     )
     wall = time.perf_counter() - t0
-    if prof or trace:
+    if prof or trace or phases:
         print(p.stderr[-60000:])
     if p.returncode:
         raise RuntimeError(f"{name}: exit {p.returncode}: {p.stderr[-2000:]}")
@@ -112,6 +177,7 @@ def main() -> int:
     ap.add_argument("--cuda-options", default="", help="k=v,... CUDA provider options")
     ap.add_argument("--processes", type=int, default=2, help="fresh processes per model")
     ap.add_argument("--cache-dir", default=None, help="cache folder (default: new, per model)")
+    ap.add_argument("--phases", action="store_true", help="print creation's phases by thread")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = args.models.split(",")
@@ -135,8 +201,10 @@ def main() -> int:
             r.update(model=name, process=proc)
             print(json.dumps(r), flush=True)
             rows.append(r)
-        if args.cprofile or args.trace_imports:
-            r = child(name, args.out, args.cprofile, args.trace_imports, args.cuda_options)
+        if args.cprofile or args.trace_imports or args.phases:
+            r = child(
+                name, args.out, args.cprofile, args.trace_imports, args.cuda_options, args.phases
+            )
             print(f"profiled process (not in the table): {json.dumps(r)}", flush=True)
     print(
         "\n| model | process | import (s) | create (s) | first run (ms) | second run (ms) "
