@@ -35,7 +35,8 @@ ANCHORS = {"resnet50": (0.450, 601.9), "bert_base": (1.092, 130.6), "gpt2": (1.1
 # CUDA provider's set-up and its helper threads, the first run's cuDNN and cuBLASLt planning
 PHASES = (
     ("onnxplug.session.inference_session", "InferenceSession._create_eps"),
-    ("onnxplug.session.inference_session", "_ModelLoad._load"),
+    ("onnxplug.session.inference_session", "load_model"),
+    ("onnxplug.session.inference_session", "graph_from_model"),
     ("onnxplug.session.inference_session", "optimize"),
     ("onnxplug.session.inference_session", "InferenceSession._build"),
     ("onnxplug.ep.loader", "PluginRegistry._discover"),

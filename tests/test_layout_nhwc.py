@@ -165,7 +165,8 @@ def test_resnet_block_runs_channels_last_between_two_transposes():
 
 def test_weights_repacked_to_ohwi():
     """W of each NHWC convolution is a new initializer, W of the NCHW one transposed to (M, kH,
-    kW, C/group); the OIHW originals are gone (nothing else reads them)."""
+    kW, C/group), as a view (the build copies it out for the device, off the main thread); the
+    OIHW originals are gone (nothing else reads them)."""
     g = G()
     model = g.model([resnet_block(g)])
     nchw = optimized(model, NchwEp())
@@ -175,10 +176,44 @@ def test_weights_repacked_to_ohwi():
     assert len(got) == len(want) == 3
     for w, ohwi in zip(want, got):
         np.testing.assert_array_equal(ohwi, np.transpose(w, TO_NHWC))
-        assert ohwi.flags.c_contiguous
+        assert not ohwi.flags.owndata and not ohwi.flags.writeable
     assert not set(nhwc.initializers) & {
         n.inputs[1] for n in nchw.nodes if n.op_type == "FusedConv"
     }
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_the_build_copies_out_only_the_views(monkeypatch, threaded):
+    """``contiguous_copies`` (the build, for the weights it uploads): a non-contiguous array
+    is replaced by its C-contiguous copy, on a helper thread above
+    ``CONTIGUOUS_THREAD_ABOVE`` bytes, at once below; contiguous arrays, 0-d ones included,
+    are passed on as they are."""
+    from onnxplug.framework import control_flow
+
+    monkeypatch.setattr(control_flow, "CONTIGUOUS_THREAD_ABOVE", 0 if threaded else 1 << 40)
+    base = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    view, plain = np.transpose(base, TO_NHWC), np.ones(3, np.float32)
+    scalar = np.asarray(np.float32(2))
+    copies = control_flow.contiguous_copies([view, plain, scalar])
+    assert (copies._thread is not None) == threaded
+    out = copies.result()
+    assert out[1] is plain and out[2] is scalar and out[2].shape == ()
+    assert out[0].flags.c_contiguous and not np.shares_memory(out[0], base)
+    np.testing.assert_array_equal(out[0], view)
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_a_failed_copy_is_raised_in_the_caller(monkeypatch, threaded):
+    from onnxplug.framework import control_flow
+
+    def no_memory(a):
+        raise MemoryError("no room for the copy")
+
+    monkeypatch.setattr(control_flow, "CONTIGUOUS_THREAD_ABOVE", 0 if threaded else 1 << 40)
+    monkeypatch.setattr(control_flow.np, "ascontiguousarray", no_memory)
+    copies = control_flow.contiguous_copies([np.zeros((4, 4), np.float32).T])
+    with pytest.raises(MemoryError, match="no room"):
+        copies.result()
 
 
 def test_prefer_nhwc_off_changes_nothing():
@@ -208,6 +243,20 @@ def test_resnet50_trunk_has_two_transposes():
     assert ops.count("FusedConv") + ops.count("Conv") == 53
     assert "MaxPool" in ops and "GlobalAveragePool" in ops
     assert len(transposes(graph)) == 2
+
+
+def test_independent_cancellations_share_a_round(monkeypatch):
+    """The transpose optimizer cancels every independent pair of a round at once: ResNet-50's
+    ~70 cancellations take a few rounds (each round rebuilds the graph's edges), not one
+    round each."""
+    from onnxplug.optimizer import layout
+
+    rounds = []
+    real = layout._Edges
+    monkeypatch.setattr(layout, "_Edges", lambda g: rounds.append(1) or real(g))
+    graph = optimized(resnet50(width=8, size=32), NhwcEp())
+    assert len(transposes(graph)) == 2
+    assert len(rounds) <= 8
 
 
 @pytest.mark.parametrize("group", [2, 8], ids=["grouped", "depthwise"])

@@ -5,7 +5,6 @@ CPU fallback."""
 from __future__ import annotations
 
 import ast
-import importlib.metadata
 import sys
 import threading
 from pathlib import Path
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 import onnxplug as ox
-from onnxplug.ep import API_VERSION, CAPABILITIES, supports
+from onnxplug.ep import API_VERSION, CAPABILITIES, loader, supports
 from onnxplug.ep.loader import ENTRY_POINT_GROUP, PluginRegistry
 from tests.conftest import VIRT, registered
 from tests.plugins import graphs
@@ -43,13 +42,11 @@ def entry_points(monkeypatch):
     """Installs fake entry points in the ``onnxplug.execution_providers`` group."""
 
     def install(**targets: str) -> None:
-        eps = [importlib.metadata.EntryPoint(n, t, ENTRY_POINT_GROUP) for n, t in targets.items()]
+        def fake(group: str) -> list[tuple[str, str]]:
+            assert group == ENTRY_POINT_GROUP
+            return list(targets.items())
 
-        def fake(**kw):
-            assert kw == {"group": ENTRY_POINT_GROUP}
-            return eps
-
-        monkeypatch.setattr(importlib.metadata, "entry_points", fake)
+        monkeypatch.setattr(loader, "installed_entry_points", fake)
 
     return install
 
@@ -89,10 +86,10 @@ def test_entry_points_are_discovered_and_broken_plugins_are_reported(entry_point
 
 
 def test_broken_metadata_leaves_the_builtin_cpu_provider(monkeypatch):
-    def broken(**kw):
+    def broken(group: str) -> list[tuple[str, str]]:
         raise OSError("unreadable site-packages")
 
-    monkeypatch.setattr(importlib.metadata, "entry_points", broken)
+    monkeypatch.setattr(loader, "installed_entry_points", broken)
     reg = PluginRegistry()
     assert reg.available_providers() == [CPU]
 

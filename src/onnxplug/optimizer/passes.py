@@ -189,6 +189,11 @@ def fold_constants(g: Graph, folder: Folder) -> None:
             keep.append(n)
             continue
         ins = [g.initializers[i] if i else None for i in n.inputs]
+        if n.op_type == "Identity" and n.domain == "" and isinstance(ins[0], np.ndarray):
+            # the value itself, without a kernel: exporters put an Identity on weights
+            # (torch.onnx: 47 of ResNet-50's), which alone would build the folder's registry
+            g.initializers[n.outputs[0]] = read_only(ins[0])
+            continue
         limit = max(_FOLD_MAX_ELEMENTS, sum(getattr(x, "size", 0) for x in ins))
         sizes = predicted_sizes(n, ins)
         if sizes is None or any(size > limit for size in sizes):

@@ -20,7 +20,12 @@ import numpy as np
 
 from ..ep.api import Ep, GraphView, has_kernel_sync_stream, supports
 from ..errors import Fail, InvalidGraph, NotImplemented, OnnxPlugError
-from ..framework.control_flow import SubgraphRunner, place, place_in_one_block
+from ..framework.control_flow import (
+    SubgraphRunner,
+    contiguous_copies,
+    place,
+    place_in_one_block,
+)
 from ..framework.copy_kernels import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, CopyKernel
 from ..framework.executor import (
     NONDETERMINISTIC_OPS,
@@ -360,8 +365,10 @@ def build_runner(
         if vi.name in graph.initializers:
             value_on(vi.name, CPU)
             slot_of.setdefault(vi.name, slot_of[copies[(vi.name, CPU)]])
-    # slots of the initializers placed on a device below, after the kernels are made
+    # slots of the initializers placed on a device below, after the kernels are made; those
+    # that are views (weights repacked for NHWC) are copied out meanwhile
     placed_slots = {s for items in to_place.values() for s, _ in items}
+    contiguous = {dev: contiguous_copies([v for _, v in items]) for dev, items in to_place.items()}
 
     # steps ------------------------------------------------------------------------------------
     specs: list[StepSpec] = []
@@ -445,7 +452,8 @@ def build_runner(
     # the host, and their warm_up (background compiles) then starts before the upload, not
     # after it.
     for dev, items in to_place.items():
-        placed = place_in_one_block([v for _, v in items], dev, ctx.transfer, _allocators(ctx, dev))
+        values = contiguous[dev].result()
+        placed = place_in_one_block(values, dev, ctx.transfer, _allocators(ctx, dev))
         constants.update(zip((s for s, _ in items), placed))
 
     output_slots = []

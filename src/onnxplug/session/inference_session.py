@@ -30,6 +30,7 @@ from onnx import ModelProto
 from ..ep.api import Ep, EpDevice, SessionConfig, has_kernel_sync_stream, supports
 from ..errors import Fail, InvalidArgument, InvalidGraph, OnnxPlugError
 from ..framework import dlpack
+from ..framework.background import BackgroundCall
 from ..framework.control_flow import place
 from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
@@ -921,36 +922,18 @@ class _ModelLoad:
     loading error, raised in the caller's thread."""
 
     def __init__(self, path_or_bytes: Any, background: bool) -> None:
-        self._source = path_or_bytes
-        self._out: tuple | None = None
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(target=self._load, name="onnxplug-model-load")
-            self._thread.daemon = True
-            self._thread.start()
-        else:
-            self._load()
-
-    def _load(self) -> None:
-        try:
+        def load() -> tuple[ModelProto, ModelMetadata, Graph, int]:
             with unexpected_errors_typed("loading the model"):
-                loaded = load_model(self._source)
+                loaded = load_model(path_or_bytes)
                 proto = loaded.proto
                 graph = graph_from_model(proto, loaded.weights)
                 del loaded
-                self._out = (proto, _metadata(proto), graph, time.perf_counter_ns())
-        except BaseException as e:
-            self._error = e
-        self._source = None
+                return proto, _metadata(proto), graph, time.perf_counter_ns()
+
+        self._call = BackgroundCall(load, "onnxplug-model-load", background)
 
     def result(self) -> tuple[ModelProto, ModelMetadata, Graph, int]:
-        if self._thread is not None:
-            self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._out is not None
-        return self._out
+        return self._call.result()
 
 
 def _names_a_device(providers: Any) -> bool:
