@@ -135,7 +135,7 @@ class InferenceSession:
         # it waiting on the driver: the model loads on a helper thread meanwhile. The policy's
         # choice of providers reads the model's metadata, so it waits for the model.
         eager = providers is not None or bool(self._sess_options.get_provider_entries())
-        loading = _ModelLoad(path_or_bytes, background=eager and _names_a_device(providers))
+        loading = _start_model_load(path_or_bytes, background=eager and _names_a_device(providers))
         # what the session holds of the environment, given back when the session goes
         self._resources = _SessionResources()
         weakref.finalize(self, self._resources.release).atexit = False
@@ -916,24 +916,24 @@ def _write_profile_at_exit(profiler: Profiler, path: str) -> None:
 UNEXPECTED = "unexpected error while"
 
 
-class _ModelLoad:
-    """A model loaded and made our graph, on a helper thread (``background``) or at once:
-    ``result()`` is (proto, metadata, graph, the perf_counter_ns when loaded), or the
-    loading error, raised in the caller's thread."""
+# (proto, metadata, graph, the perf_counter_ns when loaded)
+_Loaded = tuple[ModelProto, ModelMetadata, Graph, int]
 
-    def __init__(self, path_or_bytes: Any, background: bool) -> None:
-        def load() -> tuple[ModelProto, ModelMetadata, Graph, int]:
-            with unexpected_errors_typed("loading the model"):
-                loaded = load_model(path_or_bytes)
-                proto = loaded.proto
-                graph = graph_from_model(proto, loaded.weights)
-                del loaded
-                return proto, _metadata(proto), graph, time.perf_counter_ns()
 
-        self._call = BackgroundCall(load, "onnxplug-model-load", background)
+def _start_model_load(path_or_bytes: Any, background: bool) -> BackgroundCall[_Loaded]:
+    """The model loaded and made our graph, on a helper thread (``background``) or at once:
+    the call's ``result()`` is (proto, metadata, graph, the perf_counter_ns when loaded), or
+    the loading error, raised in the caller's thread."""
 
-    def result(self) -> tuple[ModelProto, ModelMetadata, Graph, int]:
-        return self._call.result()
+    def load() -> _Loaded:
+        with unexpected_errors_typed("loading the model"):
+            loaded = load_model(path_or_bytes)
+            proto = loaded.proto
+            graph = graph_from_model(proto, loaded.weights)
+            del loaded
+            return proto, _metadata(proto), graph, time.perf_counter_ns()
+
+    return BackgroundCall(load, "onnxplug-model-load", background)
 
 
 def _names_a_device(providers: Any) -> bool:
