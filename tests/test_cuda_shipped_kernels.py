@@ -81,6 +81,89 @@ def test_the_transpose_copy_is_shipped(dtype):
     assert _shipped(*k.queued[0])
 
 
+def _bound(op: F.Elementwise, *operands: tuple[tuple[int, ...], str]) -> list[tuple[str, str]]:
+    """(name, source) of what binding ``op`` over dense operands of these (shape, dtype)
+    compiles (a dry bind, as a kernel's ``warm_up`` makes it)."""
+    k = _Queued()
+    arrays = [launch.ShapeOnly(shape, np.dtype(dt)) for shape, dt in operands]
+    with launch.dry_compiles(k):
+        assert op.raw().bind(None, arrays, 0) is None
+    return k.queued
+
+
+# The elementwise variants BERT-base's and GPT-2's first runs compiled on an H100 host before
+# they were shipped (transformers' exports, b1 and b8, float32 and their float16 conversions):
+# the attention mask's Cast, And and Where, the Add beside it, the erf Gelu after the FFN's
+# first MatMul, the pooler's Tanh, and float16's Casts and Copy.
+_S = (1, 128)
+_ADD, _AND = F.UFUNC_BINARY["add"], F.UFUNC_BINARY["logical_and"]
+_GELU, _TANH = F.UNARY_KERNELS["Gelu"].plain, F.UNARY_KERNELS["Tanh"].plain
+_TRANSFORMER_BINDS = [
+    (F.CAST, ((_S, "int64"), (_S, "bool"))),
+    (
+        F.WHERE,
+        (
+            ((1, 1, 128, 128), "bool"),
+            ((), "float32"),
+            ((), "float32"),
+            ((1, 1, 128, 128), "float32"),
+        ),
+    ),
+    (
+        F.WHERE,
+        (((8, 1, 1, 128), "bool"), ((), "float16"), ((), "float16"), ((8, 1, 1, 128), "float16")),
+    ),
+    (_AND, (((1, 1, 1, 128), "bool"), ((1, 1, 128, 1), "bool"), ((1, 1, 128, 128), "bool"))),
+    (_ADD, ((_S, "float32"), (_S, "float32"), (_S, "float32"))),
+    (_ADD, ((_S, "float16"), (_S, "float16"), (_S, "float16"))),
+    (_GELU, (((128, 3072), "float32"), ((128, 3072), "float32"))),
+    (_GELU, (((1024, 3072), "float16"), ((1024, 3072), "float16"))),
+    (_TANH, (((1, 768), "float32"), ((1, 768), "float32"))),
+    (_TANH, (((8, 768), "float16"), ((8, 768), "float16"))),
+    (F.CAST, (((1, 768), "float16"), ((1, 768), "float32"))),
+    (F.COPY, (((1, 128, 768), "float16"), ((1, 128, 768), "float16"))),
+]
+
+
+@pytest.mark.parametrize("op, operands", _TRANSFORMER_BINDS)
+def test_the_elementwise_kernels_of_transformer_exports_are_shipped(op, operands):
+    (queued,) = _bound(op, *operands)
+    assert _shipped(*queued), queued[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n", [4096, 1001])  # whole vectors; one element at a time
+def test_every_float_operation_is_shipped_dense_and_broadcast(dtype, n):
+    """Each operation of one placeholder type whose parameters are all arrays: dense, with a
+    broadcast operand, and strided (a broadcast along an inner axis)."""
+    checked = 0
+    for op in F.Elementwise.registry:
+        params = launch._parse_params(op.in_params) + launch._parse_params(op.out_params)
+        if {t for t, _, _ in params} != {"T"} or op.name in F._SHIPPED_TYPES:
+            continue
+        n_in = len(launch._parse_params(op.in_params))
+        dense = [((n,), dtype)] * (n_in + 1)
+        scalar_first = [((), dtype)] + [((n,), dtype)] * n_in
+        strided = [((4, 1), dtype)] + [((4, n), dtype)] * n_in
+        for operands in (
+            dense,
+            scalar_first if n_in > 1 else dense,
+            strided if n_in > 1 else dense,
+        ):
+            (queued,) = _bound(op, *operands)
+            assert _shipped(*queued), (op.name, operands)
+        checked += 1
+    assert checked >= 30
+
+
+def test_operations_with_attributes_are_not_in_the_catalogue():
+    """An attribute passed by value (LeakyRelu's alpha) changes the source: the catalogue
+    lists only operations whose every parameter is an array."""
+    names = {name for name, _ in CATALOGUE.values()}
+    assert "oxr_ox_leakyrelu" not in names and "oxr_ox_isinf" not in names
+    assert {"oxr_ox_gelu", "oxr_ox_where", "oxr_ox_cast", "oxr_ox_bf16_add"} <= names
+
+
 def test_gathers_copies_pools_and_the_hold_kernel_are_shipped():
     kernels = [indexing._gather_kernel(u, np.dtype(i)) for u, _ in launch._UNITS for i in "iq"]
     kernels += [launch._unit_copy_kernel(u, w) for u, _ in launch._UNITS for w in (False, True)]

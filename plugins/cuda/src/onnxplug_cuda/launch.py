@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -324,6 +325,30 @@ class RawElementwise:
                 return None
         key = (tuple(sorted(types.items())), len(dtypes), flat, False, 1, ())
         return key, self._source_of(key, types, [])
+
+    def catalogue(self, dtypes: Sequence[Any]) -> list[tuple[str, Callable[[], str]]]:
+        """(name, source) of each variant ``bind`` compiles for arrays of ``dtypes`` (every
+        parameter an array, in the parameters' order) that a build ships: dense operands moved
+        in the widest vectors (16 bytes of the widest operand), with each input dense or one
+        broadcast element; dense or broadcast operands one element at a time; strided operands.
+        Empty where the operation does not take those types."""
+        types: dict[str, str] = {}
+        params = self.ins + self.outs
+        if not self.supported() or len(dtypes) != len(params):
+            return []
+        for (ptype, _, _), dt in zip(params, dtypes):
+            if not _fix_type(types, ptype, dt):
+                return []
+        tkey, n = tuple(sorted(types.items())), len(params)
+        keys: list[tuple] = [(tkey, n, True, False, 1, ()), (tkey, n, False, False, 1, ())]
+        vec = 16 // max(np.dtype(d).itemsize for d in dtypes)
+        if vec > 1:
+            outs = (False,) * len(self.outs)
+            for shared in itertools.product((False, True), repeat=len(self.ins)):
+                if not all(shared):  # (all inputs broadcast: a fill, not worth a variant)
+                    keys.append((tkey, n, True, False, vec, shared + outs))
+        name = "oxr_" + self.name
+        return [(name, self._source_of(key, types, [])) for key in keys]
 
     def _function(self, xp: Any, key: tuple, types: dict[str, str], scalar_at: list[int]) -> Any:
         source = self._source_of(key, types, scalar_at)
