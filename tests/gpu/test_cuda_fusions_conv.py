@@ -168,7 +168,11 @@ from onnx import TensorProto, helper
 import onnxplug as ox
 x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1000])
 y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1000])
-nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=1), helper.make_node("Relu", ["s"], ["y"])]
+# LeakyRelu: its alpha is passed by value, so no install ships its kernel (a Relu's is shipped)
+nodes = [
+    helper.make_node("Softmax", ["x"], ["s"], axis=1),
+    helper.make_node("LeakyRelu", ["s"], ["y"], alpha=0.1),
+]
 model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
 s = ox.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
 feed = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
