@@ -309,13 +309,15 @@ class RawElementwise:
         """For ``kernel``'s ``warm_up``: start compiling the operation over arrays of
         ``dtypes`` (the parameters' order, no scalars) as ``bind`` compiles it for strided
         operands, or (``flat``) for dense ones it cannot vectorize, with int indices."""
-        variant = self.variant(dtypes, flat)
-        if variant is not None:
-            kernel.precompile("oxr_" + self.name, variant[1], self._functions, variant[0])
+        types = self._array_types(dtypes)
+        if types is not None:
+            key = (tuple(sorted(types.items())), len(dtypes), flat, False, 1, ())
+            source = self._source_of(key, types, [])
+            kernel.precompile("oxr_" + self.name, source, self._functions, key)
 
-    def variant(self, dtypes: Sequence[Any], flat: bool) -> tuple[tuple, Callable[[], str]] | None:
-        """(variant key, source) of the kernel ``precompile`` names; None where the
-        operation does not take those types."""
+    def _array_types(self, dtypes: Sequence[Any]) -> dict[str, str] | None:
+        """The C type of each placeholder when every parameter is an array of ``dtypes`` (in
+        the parameters' order); None where the operation does not take those types."""
         types: dict[str, str] = {}
         params = self.ins + self.outs
         if not self.supported() or len(dtypes) != len(params):
@@ -323,8 +325,7 @@ class RawElementwise:
         for (ptype, _, _), dt in zip(params, dtypes):
             if not _fix_type(types, ptype, dt):
                 return None
-        key = (tuple(sorted(types.items())), len(dtypes), flat, False, 1, ())
-        return key, self._source_of(key, types, [])
+        return types
 
     def catalogue(self, dtypes: Sequence[Any]) -> list[tuple[str, Callable[[], str]]]:
         """(name, source) of each variant ``bind`` compiles for arrays of ``dtypes`` (every
@@ -332,14 +333,10 @@ class RawElementwise:
         in the widest vectors (16 bytes of the widest operand), with each input dense or one
         broadcast element; dense or broadcast operands one element at a time; strided operands.
         Empty where the operation does not take those types."""
-        types: dict[str, str] = {}
-        params = self.ins + self.outs
-        if not self.supported() or len(dtypes) != len(params):
+        types = self._array_types(dtypes)
+        if types is None:
             return []
-        for (ptype, _, _), dt in zip(params, dtypes):
-            if not _fix_type(types, ptype, dt):
-                return []
-        tkey, n = tuple(sorted(types.items())), len(params)
+        tkey, n = tuple(sorted(types.items())), len(dtypes)
         keys: list[tuple] = [(tkey, n, True, False, 1, ()), (tkey, n, False, False, 1, ())]
         vec = 16 // max(np.dtype(d).itemsize for d in dtypes)
         if vec > 1:

@@ -195,6 +195,7 @@ _SHIPPED_TYPES: dict[str, tuple[str, ...]] = {
         ),
         _FLOAT_TYPES + _INT_TYPES,
     ),
+    # (Copy's strided variant is also the copy a Transpose that moves the last axis runs)
     **dict.fromkeys(("ox_copy", "ox_where", "ox_u_equal"), (*_FLOAT_TYPES, *_INT_TYPES, "bool")),
 }
 _CAST_TYPES = ("float32", "float16", "int64", "int32", "bool")

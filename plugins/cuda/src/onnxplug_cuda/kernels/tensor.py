@@ -16,7 +16,6 @@ handled, bfloat16 through its uint16 view (outputs are allocated with the tensor
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,6 @@ from onnxplug.ep import (
     shapes,
 )
 
-from ..compiler import ship
 from ..launch import bound_calls
 from . import _fused as F
 from ._base import ALL_FIXED_BF16, CudaKernel
@@ -240,20 +238,6 @@ class Dropout(CudaKernel):
 
 # ---------------------------------------------------------------------------------------------
 # Copies
-
-
-def _shipped_transposes() -> list[tuple[str, Callable[[], str]]]:
-    """The strided copy a Transpose that moves the last axis runs, for the common types."""
-    raw = F.COPY.raw()
-    out = []
-    for dt in (np.float32, np.float16, np.int64, np.int32):
-        variant = raw.variant((np.dtype(dt), np.dtype(dt)), flat=False)
-        if variant is not None:
-            out.append(("oxr_" + raw.name, variant[1]))
-    return out
-
-
-ship(_shipped_transposes)
 
 
 class Transpose(_Copies):
