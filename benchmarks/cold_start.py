@@ -45,7 +45,7 @@ PHASES = (
     ("onnxplug_cuda.factory", "probe_devices"),
     ("onnxplug_cuda.factory", "create_ep"),
     ("onnxplug_cuda.backend", "CupyBackend.__init__"),
-    ("onnxplug_cuda.runtime", "_init_driver"),
+    ("onnxplug_cuda.runtime", "BackgroundImport._run"),
     ("onnxplug_cuda.runtime", "_retain_primary_context"),
     ("onnxplug_cuda.blas", "warm_cublaslt"),
     ("onnxplug.optimizer.passes", "fold_constants"),

@@ -212,7 +212,7 @@ def test_import_skipping_package_inits(tmp_path, monkeypatch):
     """The module is imported without its packages' __init__; they are not left behind as
     bare packages, and a later import of the package runs its __init__ and finds the module."""
     monkeypatch.syspath_prepend(str(PLUGIN_SRC))
-    from onnxplug_cuda.blas import import_skipping_package_inits
+    from onnxplug_cuda.runtime import import_skipping_package_inits
 
     pkg = tmp_path / "heavypkg"
     (pkg / "sub").mkdir(parents=True)

@@ -15,11 +15,20 @@ PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
 NOT_READY = 600  # cudaErrorNotReady
 
 
+class NotReady(RuntimeError):
+    """CuPy's ``CUDARuntimeError`` for cudaErrorNotReady."""
+
+    status = NOT_READY
+
+    def __init__(self) -> None:
+        super().__init__("cudaErrorNotReady: device not ready")
+
+
 class FakeRuntime:
     """Events on a fake device clock: a recorded event completes when its stream is
-    synchronised (``sync``)."""
+    synchronised (``sync``). Calls as CuPy's runtime module makes them."""
 
-    cudaEventDefault = 0
+    eventDefault = 0
 
     def __init__(self) -> None:
         self.clock = 0.0  # ms
@@ -30,29 +39,24 @@ class FakeRuntime:
         self.done: set[int] = set()
         self.syncs = 0
 
-    def cudaEventCreateWithFlags(self, flags: int) -> tuple[int, int]:
-        assert flags == self.cudaEventDefault  # timing events
+    def eventCreateWithFlags(self, flags: int) -> int:
+        assert flags == self.eventDefault  # timing events
         ev = 1000 + len(self.created)
         self.created.append(ev)
-        return (0, ev)
+        return ev
 
-    def cudaEventRecord(self, ev: int, stream: int) -> tuple[int]:
+    def eventRecord(self, ev: int, stream: int) -> None:
         self.records.append((ev, stream))
         self.time[ev] = self.clock
         self.done.discard(ev)
-        return (0,)
 
-    def cudaEventElapsedTime(self, a: int, b: int) -> tuple[int, float]:
+    def eventElapsedTime(self, a: int, b: int) -> float:
         if a not in self.done or b not in self.done:
-            return (NOT_READY, 0.0)
-        return (0, self.time[b] - self.time[a])
+            raise NotReady()
+        return self.time[b] - self.time[a]
 
-    def cudaGetErrorName(self, err: int) -> tuple[int, bytes]:
-        return (0, b"cudaErrorNotReady" if err == NOT_READY else b"cudaErrorUnknown")
-
-    def cudaEventDestroy(self, ev: int) -> tuple[int]:
+    def eventDestroy(self, ev: int) -> None:
         self.destroyed.append(ev)
-        return (0,)
 
     def sync(self) -> None:
         self.syncs += 1

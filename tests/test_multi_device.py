@@ -163,7 +163,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
 
 def gpu_tensor(fake: FakeCudart, ordinal: int, values: np.ndarray) -> DeviceTensor:
     with runtime.DeviceGuard(ordinal):
-        ptr = fake.cudaMalloc(values.nbytes)[1]
+        ptr = fake.malloc(values.nbytes)
     t = DeviceTensor(Device("cuda", ordinal), values.dtype, values.shape, ptr, None)
     np.copyto(contents(t), values)
     return t
@@ -226,7 +226,7 @@ def test_copy_between_devices_without_peer_access_goes_through_the_host(monkeypa
 
 def test_peer_access_enabled_by_someone_else_counts(fake):
     with runtime.DeviceGuard(0):
-        fake.cudaDeviceEnablePeerAccess(1, 0)  # PyTorch, say, enabled it already
+        fake.deviceEnablePeerAccess(1)  # PyTorch, say, enabled it already
     assert runtime.peer_route(0, 1) == runtime.PEER
     assert fake.peer_enabled == {(0, 1), (1, 0)}
 

@@ -89,16 +89,16 @@ def close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
 
 
 def current_device() -> int:
-    from onnxplug_cuda.runtime import check, cudart
+    from onnxplug_cuda.runtime import cudart
 
-    return int(check(cudart().cudaGetDevice(), "cudaGetDevice"))
+    return int(cudart().getDevice())
 
 
 def stream_device(handle: int) -> int | None:
-    """The device CUDA says a stream belongs to (None where the runtime cannot say)."""
-    from onnxplug_cuda.runtime import cudart
+    """The device CUDA says a stream belongs to (None where the runtime cannot say; CuPy's
+    runtime does not bind cudaStreamGetDevice, cuda.bindings' does)."""
+    from cuda.bindings import runtime as rt
 
-    rt = cudart()
     fn = getattr(rt, "cudaStreamGetDevice", None)
     if fn is None:
         return None
@@ -107,9 +107,9 @@ def stream_device(handle: int) -> int | None:
 
 
 def pointer_device(ptr: int) -> int:
-    from onnxplug_cuda.runtime import check, cudart
+    from onnxplug_cuda.runtime import cudart
 
-    return int(check(cudart().cudaPointerGetAttributes(ptr), "cudaPointerGetAttributes").device)
+    return int(cudart().pointerGetAttributes(ptr).device)
 
 
 def check_device_objects(sess: ox.InferenceSession, ordinal: int) -> dict[str, int]:
@@ -214,10 +214,10 @@ def test_cuda_visible_devices_is_respected():
 def used_bytes(ordinal: int) -> int:
     """Device memory in use on ``ordinal`` (total - free, cudaMemGetInfo: what NVML reports
     for the device, every process included)."""
-    from onnxplug_cuda.runtime import DeviceGuard, check, cudart
+    from onnxplug_cuda.runtime import DeviceGuard, cudart
 
     with DeviceGuard(ordinal):
-        free, total = check(cudart().cudaMemGetInfo(), "cudaMemGetInfo")
+        free, total = cudart().memGetInfo()
     return int(total) - int(free)
 
 
@@ -277,9 +277,9 @@ def test_graphs_on_two_gpus_from_two_threads():
 
 @two_gpus
 def test_a_value_on_gpu_1_feeds_a_session_on_gpu_0_peer_to_peer():
-    from onnxplug_cuda.runtime import HOST, PEER, check, cudart
+    from onnxplug_cuda.runtime import HOST, PEER, cudart
 
-    can = check(cudart().cudaDeviceCanAccessPeer(0, 1), "cudaDeviceCanAccessPeer")
+    can = cudart().deviceCanAccessPeer(0, 1)
     route = PEER if can else HOST
     x = rand(16)
     v1 = ox.OrtValue.ortvalue_from_numpy(x, "cuda", 1)

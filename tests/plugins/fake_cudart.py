@@ -1,13 +1,15 @@
-"""A stand-in for ``cuda.bindings.runtime`` with several devices, for testing the CUDA
-provider's device discipline on machines without a GPU.
+"""A stand-in for CuPy's CUDA runtime module (``cupy.cuda.runtime``, what the CUDA provider
+calls) with several devices, for testing the CUDA provider's device discipline on machines
+without a GPU.
 
 It keeps what CUDA keeps per thread and per object: the current device of each thread, the
 device each stream, event and allocation was made on, and which devices have peer access to
 which. It refuses what CUDA refuses (an event recorded on a stream of another device, an
-unknown device) and records every call with the device current at the time, so a test sees
-where the provider's code did its work. Device memory is host memory, so copies really copy.
-Install it with ``install(monkeypatch, fake)`` (it replaces ``cudart()`` in the plugin's
-modules, and hides CuPy's runtime from them).
+unknown device) as CuPy does, raising ``CUDARuntimeError`` with the ``cudaError_t`` as its
+``status``, and records every call (by its CUDA name) with the device current at the time, so
+a test sees where the provider's code did its work. Device memory is host memory, so copies
+really copy. Install it with ``install(monkeypatch, fake)`` (it replaces ``cudart()`` in the
+plugin's modules).
 """
 
 from __future__ import annotations
@@ -38,16 +40,23 @@ class cudaMemcpyKind(IntEnum):
     cudaMemcpyDefault = 4
 
 
-OK = cudaError_t.cudaSuccess
+class CUDARuntimeError(RuntimeError):
+    """CuPy's runtime error: ``status`` is the ``cudaError_t``."""
+
+    def __init__(self, status: cudaError_t):
+        self.status = int(status)
+        super().__init__(f"{status.name}: {status.name}")
 
 
 class FakeCudart:
-    cudaError_t = cudaError_t
-    cudaMemcpyKind = cudaMemcpyKind
-    cudaEventDefault = 0
-    cudaEventDisableTiming = 2
-    cudaStreamNonBlocking = 1
-    cudaHostAllocDefault = 0
+    CUDARuntimeError = CUDARuntimeError
+    eventDefault = 0
+    eventDisableTiming = 2
+    streamNonBlocking = 1
+    hostAllocDefault = 0
+    memcpyHostToDevice = cudaMemcpyKind.cudaMemcpyHostToDevice
+    memcpyDeviceToHost = cudaMemcpyKind.cudaMemcpyDeviceToHost
+    memcpyDefault = cudaMemcpyKind.cudaMemcpyDefault
 
     def __init__(self, devices: int = 2, peer: bool = True):
         self.devices = devices
@@ -87,114 +96,94 @@ class FakeCudart:
         return ptr
 
     # devices ----------------------------------------------------------------------------------
-    def cudaGetDevice(self) -> tuple:
-        return OK, self.current
+    def getDevice(self) -> int:
+        return self.current
 
-    def cudaSetDevice(self, device: int) -> tuple:
+    def setDevice(self, device: int) -> None:
         self._call("cudaSetDevice")
         if not 0 <= device < self.devices:
-            return (cudaError_t.cudaErrorInvalidDevice,)
+            raise CUDARuntimeError(cudaError_t.cudaErrorInvalidDevice)
         self._tls.device = device
-        return (OK,)
 
-    def cudaGetDeviceCount(self) -> tuple:
-        return OK, self.devices
+    def getDeviceCount(self) -> int:
+        return self.devices
 
-    def cudaDeviceSynchronize(self) -> tuple:
+    def deviceSynchronize(self) -> None:
         self._call("cudaDeviceSynchronize")
-        return (OK,)
 
-    def cudaDeviceCanAccessPeer(self, device: int, peer: int) -> tuple:
-        return OK, int(self.peer and device != peer)
+    def deviceCanAccessPeer(self, device: int, peer: int) -> int:
+        return int(self.peer and device != peer)
 
-    def cudaDeviceEnablePeerAccess(self, peer: int, flags: int) -> tuple:
+    def deviceEnablePeerAccess(self, peer: int) -> None:
         self._call("cudaDeviceEnablePeerAccess")
         key = (self.current, peer)
         if key in self.peer_enabled:
-            return (cudaError_t.cudaErrorPeerAccessAlreadyEnabled,)
+            raise CUDARuntimeError(cudaError_t.cudaErrorPeerAccessAlreadyEnabled)
         self.peer_enabled.add(key)
-        return (OK,)
-
-    def cudaGetLastError(self) -> tuple:
-        return (OK,)
-
-    def cudaGetErrorName(self, err: Any) -> tuple:
-        return OK, cudaError_t(int(err)).name.encode()
-
-    def cudaGetErrorString(self, err: Any) -> tuple:
-        return OK, cudaError_t(int(err)).name.encode()
 
     # streams and events -----------------------------------------------------------------------
-    def cudaStreamCreateWithFlags(self, flags: int) -> tuple:
+    def streamCreateWithFlags(self, flags: int) -> int:
         self._call("cudaStreamCreateWithFlags")
         h = next(self._ids)
         self.streams[h] = self.current
-        return OK, h
+        return h
 
-    def cudaStreamDestroy(self, handle: int) -> tuple:
+    def streamDestroy(self, handle: int) -> None:
         self.streams.pop(handle, None)
-        return (OK,)
 
-    def cudaStreamSynchronize(self, handle: int) -> tuple:
+    def streamSynchronize(self, handle: int) -> None:
         self._call("cudaStreamSynchronize")
-        return (OK,)
 
-    def cudaStreamIsCapturing(self, handle: int) -> tuple:
-        return OK, 0
+    def streamIsCapturing(self, handle: int) -> bool:
+        return False
 
-    def cudaEventCreateWithFlags(self, flags: int) -> tuple:
+    def eventCreateWithFlags(self, flags: int) -> int:
         self._call("cudaEventCreateWithFlags")
         h = next(self._ids)
         self.events[h] = self.current
-        return OK, h
+        return h
 
-    def cudaEventRecord(self, event: int, stream: int) -> tuple:
+    def eventRecord(self, event: int, stream: int) -> None:
         self._call("cudaEventRecord")
         # CUDA: "event and stream must be on the same device"
         if self.events[event] != self.device_of_stream(stream):
-            return (cudaError_t.cudaErrorInvalidResourceHandle,)
-        return (OK,)
+            raise CUDARuntimeError(cudaError_t.cudaErrorInvalidResourceHandle)
 
-    def cudaStreamWaitEvent(self, stream: int, event: int, flags: int) -> tuple:
-        return (OK,)  # waiting on another device's event is allowed
+    def streamWaitEvent(self, stream: int, event: int, flags: int = 0) -> None:
+        pass  # waiting on another device's event is allowed
 
-    def cudaEventSynchronize(self, event: int) -> tuple:
-        return (OK,)
+    def eventSynchronize(self, event: int) -> None:
+        pass
 
-    def cudaEventDestroy(self, event: int) -> tuple:
+    def eventDestroy(self, event: int) -> None:
         self.events.pop(event, None)
-        return (OK,)
 
     # memory -----------------------------------------------------------------------------------
-    def cudaMalloc(self, size: int) -> tuple:
+    def malloc(self, size: int) -> int:
         self._call("cudaMalloc")
-        return OK, self._alloc(size, self.current)
+        return self._alloc(size, self.current)
 
-    def cudaFree(self, ptr: int) -> tuple:
+    def free(self, ptr: int) -> None:
         self._call("cudaFree")
         self.memory.pop(ptr, None)
-        return (OK,)
 
-    def cudaHostAlloc(self, size: int, flags: int) -> tuple:
-        return OK, self._alloc(size, -1)
+    def hostAlloc(self, size: int, flags: int) -> int:
+        return self._alloc(size, -1)
 
-    def cudaFreeHost(self, ptr: int) -> tuple:
+    def freeHost(self, ptr: int) -> None:
         self.memory.pop(ptr, None)
-        return (OK,)
 
-    def cudaMemcpyAsync(self, dst: int, src: int, n: int, kind: Any, stream: int) -> tuple:
+    def memcpyAsync(self, dst: int, src: int, n: int, kind: int, stream: int) -> None:
         self._call("cudaMemcpyAsync")
         ctypes.memmove(dst, src, n)
-        return (OK,)
 
-    def cudaMemcpyPeerAsync(
+    def memcpyPeerAsync(
         self, dst: int, dst_device: int, src: int, src_device: int, n: int, stream: int
-    ) -> tuple:
+    ) -> None:
         self._call("cudaMemcpyPeerAsync")
         if self.device_of_ptr(dst) != dst_device or self.device_of_ptr(src) != src_device:
-            return (cudaError_t.cudaErrorInvalidValue,)
+            raise CUDARuntimeError(cudaError_t.cudaErrorInvalidValue)
         ctypes.memmove(dst, src, n)
-        return (OK,)
 
 
 def install(monkeypatch: Any, fake: FakeCudart) -> None:
@@ -204,7 +193,4 @@ def install(monkeypatch: Any, fake: FakeCudart) -> None:
 
     for mod in (runtime, memory, stream, transfer):
         monkeypatch.setattr(mod, "cudart", lambda: fake)
-    # the per-run calls go through CuPy's runtime where CuPy is installed: not here
-    for mod in (runtime, stream):
-        monkeypatch.setattr(mod, "cupy_runtime", lambda: None)
     monkeypatch.setattr(runtime, "_peer_routes", {})

@@ -24,9 +24,10 @@ class CupyBackend:
 
     def __init__(self, ordinal: int, device: Device):
         from .blas import NVMATH
+        from .runtime import CUPY
 
         NVMATH.start()  # cuBLASLt's bindings load beside CuPy and the session's set-up
-        import cupy
+        (cupy,) = CUPY.modules()  # imported on a helper thread since the device probe
 
         self.xp = cupy
         self.ordinal = ordinal
@@ -35,10 +36,7 @@ class CupyBackend:
         self._cupy_device = cupy.cuda.Device(ordinal)
         self._hooks: dict[int, Any] = {}  # id(allocator) -> CuPy allocator routed to it
         self._owner: dict[int, Any] = {}  # ptr -> what it was taken from (scratch, allocator)
-        from cuda.bindings import runtime
-
-        self._launch = runtime.cudaGraphLaunch
-        self._fast_launch = cupy.cuda.runtime.graphLaunch  # CuPy's Cython call: cheaper
+        self._launch = cupy.cuda.runtime.graphLaunch
         # cuBLASLt's first heuristic query, beside the rest of the session's creation (after
         # CuPy's import, whose library loading it would contend with)
         NVMATH.warm_up(ordinal)
@@ -131,25 +129,12 @@ class CupyBackend:
 
         return self.xp.cuda.PythonFunctionAllocator(malloc, free).malloc
 
-    def launch_graph(self, exe: Any, stream: int) -> str | None:
-        """Launch a graph exec (cuda.bindings' ``cudaGraphExec_t``) on a stream; the error
-        text, or None."""
+    def launch_graph(self, exe: int, stream: int) -> str | None:
+        """Launch a graph exec (a ``cudaGraphExec_t``) on a stream; the error text, or None."""
         try:
-            ptr = int(exe)
-        except TypeError:
-            ptr = None
-        if ptr is not None:
-            try:
-                self._fast_launch(ptr, stream)
-            except Exception as e:  # CuPy's CUDARuntimeError ("cudaError...: ...")
-                return str(e)
-            return None
-        err = self._launch(exe, stream)[0]
-        if int(err) != 0:
-            from .runtime import cudart
-
-            _, name = cudart().cudaGetErrorName(err)
-            return name.decode()
+            self._launch(exe, stream)
+        except Exception as e:  # CuPy's CUDARuntimeError ("cudaError...: ...")
+            return str(e)
         return None
 
     def exit_run(self, token: Any) -> None:

@@ -23,15 +23,13 @@ strides cannot be collapsed into one stride are looped over in Python.
 from __future__ import annotations
 
 import ctypes
-import importlib
-import importlib.util
-import sys
 import threading
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from .runtime import BackgroundImport, make_primary_context_current
 
 # Calls per path, for tests and diagnostics (which engine really ran); a prepared call counts
 # once, when it is prepared.
@@ -765,100 +763,6 @@ class LtGemm:
 # engine selection
 
 
-class BackgroundImport:
-    """Modules imported on a thread of their own, started early and joined where first used.
-
-    cuBLASLt's bindings are what LtGemm needs of nvmath-python, but ``import nvmath`` runs
-    nvmath's package ``__init__``, which loads cuFFT, cuRAND, cuSOLVER, cuSPARSE and cuTENSOR
-    and imports all of nvmath (0.5-0.8 s on an H100 host, measured in the cold-start profile);
-    the bindings' package ``__init__`` imports every other binding. So the modules are
-    imported without their packages' ``__init__`` (``import_skipping_package_inits``), on a
-    thread started when the provider's GPU backend is made, beside the session's other set-up.
-    ``modules`` re-raises what the import raised, so that the caller sees the error it would
-    have seen importing the modules itself."""
-
-    def __init__(self, *modules: str, warm: Callable[[tuple[Any, ...], int], None] | None = None):
-        self.names = modules
-        self._warm = warm  # ``warm_up``'s work, with the modules and a device
-        self._warmed: set[int] = set()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._modules: tuple[Any, ...] = ()
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"onnxplug-import-{self.names[0]}", daemon=True
-                )
-                self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._modules = tuple(import_skipping_package_inits(n) for n in self.names)
-        except BaseException as e:  # re-raised by modules(), in the thread that needs them
-            self._error = e
-
-    def warm_up(self, ordinal: int) -> None:
-        """Run the warm-up for device ``ordinal`` on a thread of its own once the import is
-        done (once per device; nothing when the import failed or there is no warm-up)."""
-        with self._lock:
-            if self._warm is None or ordinal in self._warmed:
-                return
-            self._warmed.add(ordinal)
-        self.start()
-        thread, warm = self._thread, self._warm
-
-        def run() -> None:
-            assert thread is not None
-            thread.join()
-            if self._error is None:
-                try:
-                    warm(self._modules, ordinal)
-                except Exception:  # a warm-up only: the first real use meets any error again
-                    pass
-
-        threading.Thread(target=run, name=f"onnxplug-warm-{ordinal}", daemon=True).start()
-
-    def modules(self) -> tuple[Any, ...]:
-        """The imported modules, in the order named (imported now if the background import
-        never started); re-raises the import's error."""
-        self.start()
-        assert self._thread is not None
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._modules
-
-
-def import_skipping_package_inits(name: str) -> Any:
-    """Import module ``name`` without running the ``__init__`` of the packages above it that
-    are not imported yet: they stand in ``sys.modules`` as bare package objects (their
-    ``__path__`` only) while the module imports, and are removed afterwards, so that a later
-    ``import`` of a package runs its ``__init__`` as usual (and finds the module imported).
-    Use the returned module (or ``importlib.import_module(name)``), not ``from package import
-    module``, which would import the package."""
-    parts = name.split(".")
-    stubs: list[tuple[str, Any]] = []
-    try:
-        for i in range(1, len(parts)):
-            package = ".".join(parts[:i])
-            if package in sys.modules:
-                continue
-            spec = importlib.util.find_spec(package)
-            if spec is None or spec.submodule_search_locations is None:
-                raise ModuleNotFoundError(f"No module named {package!r}", name=package)
-            stub = importlib.util.module_from_spec(spec)
-            sys.modules[package] = stub
-            stubs.append((package, stub))
-        return importlib.import_module(name)
-    finally:
-        for package, stub in reversed(stubs):
-            if sys.modules.get(package) is stub:
-                del sys.modules[package]
-
-
 def warm_cublaslt(modules: tuple[Any, ...], ordinal: int) -> None:
     """One heuristic query for a small float32 GEMM on device ``ordinal``: the process's first
     query loads cuBLASLt's heuristics (BERT-base's first run spent about 0.1 s building its
@@ -868,8 +772,6 @@ def warm_cublaslt(modules: tuple[Any, ...], ordinal: int) -> None:
     187-326, ResNet-50 350-446 against 494-619, creation unchanged. The device's primary context
     is made current on the thread through the driver API (retained, as
     ``runtime.create_context_in_background`` does), not through a runtime binding."""
-    from .runtime import make_primary_context_current
-
     if not make_primary_context_current(ordinal):
         return
     L, cublas = modules
@@ -891,7 +793,16 @@ def warm_cublaslt(modules: tuple[Any, ...], ordinal: int) -> None:
 
 
 # cuBLASLt's bindings (and cuBLAS's enums), what LtGemm and the streams' handles need
-NVMATH = BackgroundImport("nvmath.bindings.cublasLt", "nvmath.bindings.cublas", warm=warm_cublaslt)
+# ``import nvmath`` runs nvmath's package ``__init__``, which loads cuFFT, cuRAND, cuSOLVER,
+# cuSPARSE and cuTENSOR and imports all of nvmath (0.5-0.8 s on an H100 host), and the
+# bindings' package ``__init__`` imports every other binding: the modules are imported without
+# them, on a thread started when the provider's GPU backend is made
+NVMATH = BackgroundImport(
+    "nvmath.bindings.cublasLt",
+    "nvmath.bindings.cublas",
+    skip_package_inits=True,
+    warm=warm_cublaslt,
+)
 
 
 def cublaslt() -> Any:

@@ -310,7 +310,7 @@ class CudaEp(Ep):
         from .runtime import cudart
 
         with self.device_guard():
-            cudart().cudaGraphExecDestroy(exe)
+            cudart().graphExecDestroy(exe)
 
     def device_objects(self) -> list[tuple[str, int, Any]]:
         """Every device-scoped object this provider made or uses so far, as (kind, ordinal,

@@ -36,7 +36,6 @@ from .options import ArenaSettings, CudaOptions, arena_settings
 from .runtime import (
     CudaDeviceInfo,
     create_context_in_background,
-    init_driver_in_background,
     probe_devices,
 )
 
@@ -64,7 +63,6 @@ class CudaEpFactory(EpFactory):
 
     # devices ------------------------------------------------------------------------------------
     def probe(self) -> tuple[list[CudaDeviceInfo], str | None]:
-        init_driver_in_background()  # while cuda.bindings imports
         return probe_devices()
 
     def get_supported_devices(self, hardware: list[HardwareDevice]) -> list[EpDevice]:
@@ -110,7 +108,7 @@ class CudaEpFactory(EpFactory):
         with self._lock:
             b = self._backends.get(ordinal)
             if b is None:
-                create_context_in_background(ordinal)  # while CuPy imports
+                create_context_in_background(ordinal)  # while the session is set up
                 from .backend import CupyBackend
 
                 b = self._backends[ordinal] = CupyBackend(
@@ -253,14 +251,16 @@ class CudaEpFactory(EpFactory):
     def device_id_of(self, ptr: int) -> int | None:
         """The ordinal of the device whose memory ``ptr`` points into (None: not device
         memory of this process)."""
-        from .runtime import cudart
+        from .runtime import cuda_status, cudart
 
         rt = cudart()
-        err, attrs = rt.cudaPointerGetAttributes(ptr)
-        if int(err) != 0:
-            rt.cudaGetLastError()
+        try:
+            attrs = rt.pointerGetAttributes(ptr)
+        except Exception as e:  # not a pointer the runtime knows (the call cleared the error)
+            if cuda_status(e) is None:
+                raise
             return None
-        if attrs.type != rt.cudaMemoryType.cudaMemoryTypeDevice:
+        if attrs.type != rt.memoryTypeDevice:
             return None
         return int(attrs.device)
 

@@ -85,28 +85,28 @@ class Launch:
         shared_mem: int = 0,
         name: str = "",
     ):
-        from cuda.bindings import driver
+        from cupy.cuda import driver
 
         values = [_c_value(p) for p in params]
         arr = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         self._keep = (values, arr, function)  # the parameter block must outlive the launches
-        fn = driver.CUfunction(_function_handle(function))
         self._args = (
-            fn,
+            _function_handle(function),
             *grid,
             *block,
             shared_mem,
-            driver.CUstream(stream),
+            stream,
             ctypes.addressof(arr),
             0,
         )
-        self._call = driver.cuLaunchKernel
+        self._call = driver.launchKernel
         self.name = name
 
     def __call__(self) -> None:
-        err = self._call(*self._args)[0]
-        if int(err):
-            raise CudaError(f"cuLaunchKernel({self.name}) failed: {err!r}")
+        try:
+            self._call(*self._args)
+        except Exception as e:  # CuPy's CUDADriverError ("CUDA_ERROR_...: ...")
+            raise CudaError(f"cuLaunchKernel({self.name}) failed: {e}") from e
 
 
 def _is_array(v: Any) -> bool:

@@ -18,21 +18,32 @@ from typing import Any
 
 from onnxplug.ep import Allocator, BFCArena, CountingAllocator, MemoryInfo, counters
 
-from .runtime import CAPTURING, DeviceGuard, check, cudart, defer_free, device_synchronize
+from .runtime import (
+    CAPTURING,
+    ERROR_MEMORY_ALLOCATION,
+    DeviceGuard,
+    call,
+    cuda_error,
+    cuda_status,
+    cudart,
+    defer_free,
+    device_synchronize,
+)
 
 _UINT64_MAX = (1 << 64) - 1
 _INT64_MAX = (1 << 63) - 1
 _MEMPOOL_MIN_VERSION = 11020  # CUDA 11.2: cudaMallocAsync and memory pools
 
 
-def _cuuint64(n: int):
-    from cuda.bindings import driver
-
-    return driver.cuuint64_t(n)
-
-
-def _is_oom(err: Any) -> bool:
-    return err == cudart().cudaError_t.cudaErrorMemoryAllocation
+def _allocated(what: str, fn: Callable[..., int], *args: Any) -> int:
+    """The pointer an allocation call returns; 0 when the device (or host) is out of memory
+    (the runtime call has cleared that error: it is not sticky); other errors raised."""
+    try:
+        return int(fn(*args))
+    except Exception as e:
+        if cuda_status(e) == ERROR_MEMORY_ALLOCATION:
+            return 0
+        raise cuda_error(what, e) from e
 
 
 class CudaDeviceAllocator(CountingAllocator):
@@ -46,19 +57,15 @@ class CudaDeviceAllocator(CountingAllocator):
         self._reason = threading.local()
 
     def _raw_alloc(self, size: int) -> int:
-        rt = cudart()
         with DeviceGuard(self.ordinal):
-            err, ptr = rt.cudaMalloc(size)
-        if _is_oom(err):
-            rt.cudaGetLastError()  # not sticky: clear it so later calls do not report it
+            ptr = _allocated(f"cudaMalloc({size})", cudart().malloc, size)
+        if not ptr:
             self._reason.text = f"cudaMalloc({size}) on device {self.ordinal}: out of memory"
-            return 0
-        check((err,), f"cudaMalloc({size})")
-        return int(ptr)
+        return ptr
 
     def _raw_free(self, ptr: int) -> None:
         with DeviceGuard(self.ordinal):
-            check(cudart().cudaFree(ptr), "cudaFree")
+            call("cudaFree", cudart().free, ptr)
 
     def failure_reason(self) -> str:
         return getattr(self._reason, "text", "")
@@ -69,15 +76,10 @@ class CudaPinnedAllocator(CountingAllocator):
 
     def _raw_alloc(self, size: int) -> int:
         rt = cudart()
-        err, ptr = rt.cudaHostAlloc(size, rt.cudaHostAllocDefault)
-        if _is_oom(err):
-            rt.cudaGetLastError()
-            return 0
-        check((err,), f"cudaHostAlloc({size})")
-        return int(ptr)
+        return _allocated(f"cudaHostAlloc({size})", rt.hostAlloc, size, rt.hostAllocDefault)
 
     def _raw_free(self, ptr: int) -> None:
-        cudart().cudaFreeHost(ptr)
+        cudart().freeHost(ptr)
 
 
 class CudaDeviceArena(BFCArena):
@@ -96,16 +98,19 @@ class CudaDeviceArena(BFCArena):
 def mempool_unsupported(ordinal: int) -> str | None:
     """Why ``arena.use_cuda_mempool=1`` cannot work on this device (None: it can)."""
     rt = cudart()
-    err, runtime = rt.cudaRuntimeGetVersion()
-    if int(err) != 0 or runtime < _MEMPOOL_MIN_VERSION:
+    try:
+        runtime = rt.runtimeGetVersion()
+        driver = rt.driverGetVersion()
+        supported = rt.deviceGetAttribute(rt.cudaDevAttrMemoryPoolsSupported, ordinal)
+    except Exception as e:
+        if cuda_status(e) is None:
+            raise
+        return f"CUDA mempool support could not be queried on device {ordinal}: {e}"
+    if runtime < _MEMPOOL_MIN_VERSION:
         return f"CUDA mempool requires CUDA runtime 11.2 or later (have {runtime})"
-    err, driver = rt.cudaDriverGetVersion()
-    if int(err) != 0 or driver < _MEMPOOL_MIN_VERSION:
+    if driver < _MEMPOOL_MIN_VERSION:
         return f"CUDA mempool requires CUDA driver 11.2 or later (have {driver})"
-    err, supported = rt.cudaDeviceGetAttribute(
-        rt.cudaDeviceAttr.cudaDevAttrMemoryPoolsSupported, ordinal
-    )
-    if int(err) != 0 or not supported:
+    if not supported:
         return f"device {ordinal} does not support memory pools"
     return None
 
@@ -145,20 +150,20 @@ class CudaMempoolAllocator(Allocator):
         }
         rt = cudart()
         with DeviceGuard(ordinal):
-            props = rt.cudaMemPoolProps()
-            props.allocType = rt.cudaMemAllocationType.cudaMemAllocationTypePinned
-            props.handleTypes = rt.cudaMemAllocationHandleType.cudaMemHandleTypeNone
-            props.location.type = rt.cudaMemLocationType.cudaMemLocationTypeDevice
-            props.location.id = ordinal
-            self.pool = check(rt.cudaMemPoolCreate(props), "cudaMemPoolCreate")
+            props = rt.MemPoolProps(
+                rt.cudaMemAllocationTypePinned,
+                rt.cudaMemHandleTypeNone,
+                rt.cudaMemLocationTypeDevice,
+                ordinal,
+            )
+            self.pool = call("cudaMemPoolCreate", rt.memPoolCreate, props)
             if release_threshold:
-                check(
-                    rt.cudaMemPoolSetAttribute(
-                        self.pool,
-                        rt.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold,
-                        _cuuint64(release_threshold),
-                    ),
+                call(
                     "cudaMemPoolSetAttribute(ReleaseThreshold)",
+                    rt.memPoolSetAttribute,
+                    self.pool,
+                    rt.cudaMemPoolAttrReleaseThreshold,
+                    release_threshold,
                 )
 
     @property
@@ -174,22 +179,20 @@ class CudaMempoolAllocator(Allocator):
                 )
                 return 0
         rt = cudart()
+        what = "cudaMallocFromPoolAsync"
         if stream == 0:
             with DeviceGuard(self.ordinal):
-                err, ptr = rt.cudaMallocFromPoolAsync(size, self.pool, 0)
+                ptr = _allocated(what, rt.mallocFromPoolAsync, size, self.pool, 0)
         else:
-            err, ptr = rt.cudaMallocFromPoolAsync(size, self.pool, stream)
-        if _is_oom(err):
-            rt.cudaGetLastError()
+            ptr = _allocated(what, rt.mallocFromPoolAsync, size, self.pool, stream)
+        if not ptr:
             self._reason.text = f"cudaMallocFromPoolAsync({size}): out of memory"
             return 0
-        check((err,), "cudaMallocFromPoolAsync")
-        ptr = int(ptr)
         if stream == 0:
             # Ordered on the legacy default stream, which our non-blocking streams do not
             # wait for: a block allocated outside any stream must be ready for all of them.
             counters.bump(counters.HOST_SYNCS)
-            check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+            call("cudaStreamSynchronize", rt.streamSynchronize, 0)
         with self._lock:
             self._live[ptr] = (size, stream)
             s = self._stats
@@ -222,9 +225,9 @@ class CudaMempoolAllocator(Allocator):
             destroy = self._closed and not self._live
         if rec[1] == 0:  # ordered on the legacy default stream: the pool's device's
             with DeviceGuard(self.ordinal):
-                cudart().cudaFreeAsync(ptr, 0)
+                cudart().freeAsync(ptr, 0)
         else:
-            cudart().cudaFreeAsync(ptr, rec[1])
+            cudart().freeAsync(ptr, rec[1])
         if destroy:
             self._destroy()
 
@@ -246,19 +249,21 @@ class CudaMempoolAllocator(Allocator):
                 out["TotalAllocated"] = 0
                 out["Limit"] = min(self.limit, _INT64_MAX)
                 return out
-        err, value = rt.cudaMemPoolGetAttribute(
-            self.pool, rt.cudaMemPoolAttr.cudaMemPoolAttrReservedMemCurrent
-        )
-        out["TotalAllocated"] = int(value) if int(err) == 0 else 0
+        try:
+            reserved = rt.memPoolGetAttribute(self.pool, rt.cudaMemPoolAttrReservedMemCurrent)
+        except Exception as e:
+            if cuda_status(e) is None:
+                raise
+            reserved = 0
+        out["TotalAllocated"] = int(reserved)
         out["Limit"] = min(self.limit, _INT64_MAX)
         return out
 
     def shrink(self) -> None:
         device_synchronize(self.ordinal)
         with DeviceGuard(self.ordinal):
-            check(
-                cudart().cudaMemPoolTrimTo(self.pool, self.bytes_to_keep_on_shrink),
-                "cudaMemPoolTrimTo",
+            call(
+                "cudaMemPoolTrimTo", cudart().memPoolTrimTo, self.pool, self.bytes_to_keep_on_shrink
             )
         with self._lock:
             self._stats["NumArenaShrinkages"] += 1
@@ -278,8 +283,8 @@ class CudaMempoolAllocator(Allocator):
         rt = cudart()
         device_synchronize(self.ordinal)
         with DeviceGuard(self.ordinal):
-            rt.cudaMemPoolTrimTo(self.pool, 0)
-            rt.cudaMemPoolDestroy(self.pool)
+            rt.memPoolTrimTo(self.pool, 0)
+            rt.memPoolDestroy(self.pool)
 
 
 def _c_function(address: int, restype: Any, *argtypes: Any) -> Callable[..., Any]:

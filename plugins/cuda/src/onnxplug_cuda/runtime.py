@@ -1,12 +1,21 @@
-"""Access to the CUDA runtime through ``cuda.bindings`` (imported lazily, so the plugin can be
-imported, and report "no device", on machines without CUDA)."""
+"""Access to the CUDA runtime and driver: CuPy's runtime bindings for the runtime calls, the
+driver API through ctypes for the device probe and the work done on helper threads (``cuInit``,
+the primary context). cuda.bindings is not imported: its runtime module took 103-125 ms of
+interpreter-locked import on the lent H100 hosts, a quarter of a ResNet-50 session's creation,
+and CuPy, which the provider computes with, binds the same calls. CuPy is imported lazily, on
+a helper thread started by the probe (``CUPY``), so the plugin can be imported, and report "no
+device", on machines without CUDA."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
+import importlib.util
 import os
+import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,50 +77,158 @@ def device_synchronize(ordinal: int) -> None:
             raise
     try:
         with DeviceGuard(ordinal):
-            check(cudart().cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+            call("cudaDeviceSynchronize", cudart().deviceSynchronize)
     finally:
         with _CAPTURE_STATE:
             _device_syncs -= 1
             _CAPTURE_STATE.notify_all()
 
 
-@functools.cache
-def cudart() -> Any:
-    from cuda.bindings import runtime
-
-    return runtime
-
-
-@functools.cache
-def cupy_runtime() -> Any:
-    """CuPy's CUDA runtime module, or None without CuPy. Its Cython calls cost a fraction of
-    cuda.bindings' (no result tuple, no enum object): the per-run calls use it."""
-    try:
-        from cupy.cuda import runtime
-    except ImportError:
-        return None
-    return runtime
-
-
 class CudaError(EPFail):
     pass
 
 
-def check(result: Any, what: str) -> Any:
-    """Unpack a cuda.bindings result tuple, raising CudaError with the call named."""
-    err = result[0]
-    if int(err) != 0:
-        rt = cudart()
+class BackgroundImport:
+    """Modules imported on a thread of their own, started early and joined where first used.
+
+    An import holds the interpreter lock, but the driver's waits beside it (``cuInit``, a
+    context's creation) do not, so an import started before them overlaps them. Packages
+    whose ``__init__`` imports far more than the modules needed (nvmath's) are skipped
+    (``import_skipping_package_inits``). ``modules`` re-raises what the import raised, so that
+    the caller sees the error it would have seen importing the modules itself."""
+
+    def __init__(
+        self,
+        *modules: str,
+        skip_package_inits: bool = False,
+        warm: Callable[[tuple[Any, ...], int], None] | None = None,
+    ):
+        self.names = modules
+        self._skip = skip_package_inits
+        self._warm = warm  # ``warm_up``'s work, with the modules and a device
+        self._warmed: set[int] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._modules: tuple[Any, ...] = ()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"onnxplug-import-{self.names[0]}", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        load = import_skipping_package_inits if self._skip else importlib.import_module
         try:
-            _, name = rt.cudaGetErrorName(err)
-            _, text = rt.cudaGetErrorString(err)
-            msg = f"{name.decode()}: {text.decode()}"
-        except Exception:
-            msg = str(err)
-        raise CudaError(f"{what} failed: {msg}")
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
+            self._modules = tuple(load(n) for n in self.names)
+        except BaseException as e:  # re-raised by modules(), in the thread that needs them
+            self._error = e
+
+    def warm_up(self, ordinal: int) -> None:
+        """Run the warm-up for device ``ordinal`` on a thread of its own once the import is
+        done (once per device; nothing when the import failed or there is no warm-up)."""
+        with self._lock:
+            if self._warm is None or ordinal in self._warmed:
+                return
+            self._warmed.add(ordinal)
+        self.start()
+        thread, warm = self._thread, self._warm
+
+        def run() -> None:
+            assert thread is not None
+            thread.join()
+            if self._error is None:
+                try:
+                    warm(self._modules, ordinal)
+                except Exception:  # a warm-up only: the first real use meets any error again
+                    pass
+
+        threading.Thread(target=run, name=f"onnxplug-warm-{ordinal}", daemon=True).start()
+
+    def modules(self) -> tuple[Any, ...]:
+        """The imported modules, in the order named (imported now if the background import
+        never started); re-raises the import's error."""
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._modules
+
+
+def import_skipping_package_inits(name: str) -> Any:
+    """Import module ``name`` without running the ``__init__`` of the packages above it that
+    are not imported yet: they stand in ``sys.modules`` as bare package objects (their
+    ``__path__`` only) while the module imports, and are removed afterwards, so that a later
+    ``import`` of a package runs its ``__init__`` as usual (and finds the module imported).
+    Use the returned module (or ``importlib.import_module(name)``), not ``from package import
+    module``, which would import the package."""
+    parts = name.split(".")
+    stubs: list[tuple[str, Any]] = []
+    try:
+        for i in range(1, len(parts)):
+            package = ".".join(parts[:i])
+            if package in sys.modules:
+                continue
+            spec = importlib.util.find_spec(package)
+            if spec is None or spec.submodule_search_locations is None:
+                raise ModuleNotFoundError(f"No module named {package!r}", name=package)
+            stub = importlib.util.module_from_spec(spec)
+            sys.modules[package] = stub
+            stubs.append((package, stub))
+        return importlib.import_module(name)
+    finally:
+        for package, stub in reversed(stubs):
+            if sys.modules.get(package) is stub:
+                del sys.modules[package]
+
+
+# CuPy (170-200 ms of import on the lent H100 hosts, most of it holding the interpreter lock):
+# started by the device probe, beside the driver's initialisation
+CUPY = BackgroundImport("cupy")
+
+
+@functools.cache
+def cudart() -> Any:
+    """CuPy's CUDA runtime module (``cupy.cuda.runtime``): a call returns its result and raises
+    ``CUDARuntimeError`` (``status``: the ``cudaError_t``) on an error, having cleared it."""
+    CUPY.modules()  # the probe's import, finished (or its error)
+    from cupy.cuda import runtime
+
+    return runtime
+
+
+def cuda_status(error: BaseException) -> int | None:
+    """The ``cudaError_t`` of a CUDA runtime error (None: not one)."""
+    status = getattr(error, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def cuda_error(what: str, error: Exception) -> Exception:
+    """What to raise for ``error`` from the call ``what``: a CudaError naming the call for a
+    CUDA runtime error ("cudaMalloc(64) failed: cudaErrorMemoryAllocation: out of memory"),
+    any other exception as it is."""
+    if cuda_status(error) is None:
+        return error
+    return CudaError(f"{what} failed: {error}")
+
+
+def call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a CUDA runtime call, with its error raised as a CudaError that names
+    ``what``."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        raise cuda_error(what, e) from e
+
+
+# cudaError_t values the provider tells apart
+ERROR_MEMORY_ALLOCATION = 2
+ERROR_NOT_READY = 600
+ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
 
 
 @dataclass(frozen=True)
@@ -127,73 +244,75 @@ class CudaDeviceInfo:
 _probe_lock = threading.Lock()
 _probe: tuple[list[CudaDeviceInfo], str | None] | None = None
 
+# CUdevice_attribute values
+_CC_MAJOR, _CC_MINOR, _MULTIPROCESSORS = 75, 76, 16
+
 
 def probe_devices() -> tuple[list[CudaDeviceInfo], str | None]:
     """The visible CUDA devices (CUDA_VISIBLE_DEVICES is honoured by the driver), or
-    ([], reason) when there is no usable driver/runtime."""
+    ([], reason) when there is no usable driver or CuPy. Through the driver API with ctypes
+    (the interpreter lock is released while ``cuInit`` works), beside CuPy's import, which it
+    starts and waits for."""
     global _probe
     with _probe_lock:
         if _probe is not None:
             return _probe
         try:
-            rt = cudart()
-        except Exception as e:
-            _probe = ([], f"cuda.bindings is not importable ({type(e).__name__}: {e})")
+            cuda = _libcuda()
+        except OSError as e:
+            _probe = ([], f"the CUDA driver cannot be loaded ({e}): no GPU or no driver")
             return _probe
-        err, count = rt.cudaGetDeviceCount()
-        if int(err) != 0:
-            _, name = rt.cudaGetErrorName(err)
-            _probe = ([], f"cudaGetDeviceCount failed: {name.decode()} (no GPU or no driver)")
+        CUPY.start()
+        err = cuda.cuInit(0)
+        if err:
+            _probe = ([], f"cuInit failed: {_driver_error(cuda, err)} (no GPU or no driver)")
             return _probe
-        devices = []
-        for i in range(count):
-            props = check(rt.cudaGetDeviceProperties(i), "cudaGetDeviceProperties")
-            name = props.name
-            name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
-            devices.append(
-                CudaDeviceInfo(
-                    i,
-                    name.rstrip("\x00"),
-                    props.major,
-                    props.minor,
-                    props.totalGlobalMem,
-                    props.multiProcessorCount,
-                )
-            )
-        reason = None if devices else "no CUDA device is visible"
-        if not devices and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
-            reason += f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r})"
+        devices, reason = _driver_devices(cuda)
+        if reason is None and not devices:
+            reason = "no CUDA device is visible"
+            if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+                reason += f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r})"
+        if devices:
+            try:
+                CUPY.modules()
+            except Exception as e:
+                devices, reason = [], f"CuPy is not importable ({type(e).__name__}: {e})"
         _probe = (devices, reason)
         return _probe
 
 
-_driver_thread: threading.Thread | None = None
+def _driver_devices(cuda: Any) -> tuple[list[CudaDeviceInfo], str | None]:
+    count = ctypes.c_int()
+    err = cuda.cuDeviceGetCount(ctypes.byref(count))
+    if err:
+        return [], f"cuDeviceGetCount failed: {_driver_error(cuda, err)}"
+    devices = []
+    for i in range(count.value):
+        device, value, memory = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t()
+        name = ctypes.create_string_buffer(256)
+        attrs = []
+        err = cuda.cuDeviceGet(ctypes.byref(device), i) or cuda.cuDeviceGetName(name, 256, device)
+        for attr in (_CC_MAJOR, _CC_MINOR, _MULTIPROCESSORS):
+            err = err or cuda.cuDeviceGetAttribute(ctypes.byref(value), attr, device)
+            attrs.append(value.value)
+        err = err or cuda.cuDeviceTotalMem_v2(ctypes.byref(memory), device)
+        if err:
+            return [], f"querying CUDA device {i} failed: {_driver_error(cuda, err)}"
+        label = name.value.decode(errors="replace")
+        devices.append(CudaDeviceInfo(i, label, attrs[0], attrs[1], memory.value, attrs[2]))
+    return devices, None
+
+
+def _driver_error(cuda: Any, err: int) -> str:
+    """A CUresult's name (``CUDA_ERROR_NO_DEVICE``), or its number."""
+    name = ctypes.c_char_p()
+    if cuda.cuGetErrorName(err, ctypes.byref(name)) == 0 and name.value:
+        return name.value.decode()
+    return f"CUresult {err}"
 
 
 def _libcuda() -> Any:
     return ctypes.CDLL("libcuda.so.1")
-
-
-def init_driver_in_background() -> None:
-    """Start the driver's initialisation (``cuInit``: 0.1-0.25 s measured on H100 hosts) on a
-    helper thread, through ctypes, which releases the GIL and imports nothing, so that
-    importing cuda.bindings overlaps it. The probe's first runtime call then finds the driver
-    initialised or waits for it (the driver serialises its initialisation). A failure (no
-    driver) is left to the probe, which reports it. Once per process."""
-    global _driver_thread
-    with _probe_lock:
-        if _driver_thread is not None or _probe is not None:
-            return
-        _driver_thread = threading.Thread(target=_init_driver, name="onnxplug-cuda-init")
-        _driver_thread.daemon = True
-    _driver_thread.start()
-
-
-def _init_driver() -> None:
-    try:
-        _libcuda().cuInit(0)
-    except Exception:  # no driver here: the probe says so
-        pass
 
 
 _context_threads: dict[int, threading.Thread] = {}
@@ -203,9 +322,9 @@ def create_context_in_background(ordinal: int) -> None:
     """Start creating device ``ordinal``'s primary CUDA context on a helper thread (driver
     calls through ctypes: ``cuDevicePrimaryCtxRetain``, about 0.1 s of driver work with the
     GIL released), so that what a session does next on the host (importing CuPy, optimising
-    the graph) overlaps it. Only the driver API is called there: the runtime of cuda.bindings
-    called from a helper thread left process exit crashing now and then ("double free",
-    in 4 of 8 runs of benchmarks/models.py on an H100, 0 of 10 without that thread). The retain is
+    the graph) overlaps it. Only the driver API is called there (cuda.bindings' runtime called
+    from a helper thread left process exit crashing now and then, "double free", in 4 of 8
+    runs of benchmarks/models.py on an H100, 0 of 10 without that thread). The retain is
     kept for the process's life, as the runtime keeps its own. Nothing waits for the thread:
     the driver makes a call that needs the context wait until it exists, and a failure here is
     met again, and reported, by that call. Once per device and process."""
@@ -252,23 +371,17 @@ class DeviceGuard:
         self.prev = -1
 
     def __enter__(self) -> None:
-        fast = cupy_runtime()
-        if fast is not None:
-            try:
-                self.prev = fast.getDevice()
-                if self.prev != self.ordinal:
-                    fast.setDevice(self.ordinal)
-            except Exception as e:  # CuPy's CUDARuntimeError
-                raise CudaError(f"selecting CUDA device {self.ordinal} failed: {e}") from e
-            return
         rt = cudart()
-        self.prev = check(rt.cudaGetDevice(), "cudaGetDevice")
-        if self.prev != self.ordinal:
-            check(rt.cudaSetDevice(self.ordinal), "cudaSetDevice")
+        try:
+            self.prev = rt.getDevice()
+            if self.prev != self.ordinal:
+                rt.setDevice(self.ordinal)
+        except Exception as e:
+            raise cuda_error(f"selecting CUDA device {self.ordinal}", e) from e
 
     def __exit__(self, *exc: Any) -> None:
         if self.prev != self.ordinal and self.prev >= 0:
-            cudart().cudaSetDevice(self.prev)
+            cudart().setDevice(self.prev)
 
 
 # How copies between two devices go, per (source, destination) ordinal: PEER when either
@@ -301,13 +414,14 @@ def peer_route(src: int, dst: int) -> str:
 def _enable_peer(device: int, peer: int) -> bool:
     """Give ``device`` access to ``peer``'s memory if the hardware allows it."""
     rt = cudart()
-    can = check(rt.cudaDeviceCanAccessPeer(device, peer), "cudaDeviceCanAccessPeer")
-    if not can:
+    if not call("cudaDeviceCanAccessPeer", rt.deviceCanAccessPeer, device, peer):
         return False
     with DeviceGuard(device):
-        err = rt.cudaDeviceEnablePeerAccess(peer, 0)[0]
-    if err == rt.cudaError_t.cudaErrorPeerAccessAlreadyEnabled:
-        rt.cudaGetLastError()  # not an error for us: clear it so later calls do not see it
-        return True
-    check((err,), f"cudaDeviceEnablePeerAccess({device} -> {peer})")
+        try:
+            rt.deviceEnablePeerAccess(peer)
+        except Exception as e:
+            # "already enabled" (someone else, PyTorch say, did it) is not an error for us;
+            # the runtime call has cleared it
+            if cuda_status(e) != ERROR_PEER_ACCESS_ALREADY_ENABLED:
+                raise cuda_error(f"cudaDeviceEnablePeerAccess({device} -> {peer})", e) from e
     return True

@@ -17,11 +17,11 @@ from onnxplug.ep import (
 from .runtime import (
     CudaError,
     DeviceGuard,
+    call,
     capture_started,
     capture_stopped,
-    check,
+    cuda_status,
     cudart,
-    cupy_runtime,
 )
 
 
@@ -32,17 +32,17 @@ class CudaNotification(SyncNotification):
         rt = cudart()
         self.producer = producer
         with DeviceGuard(producer.ordinal):
-            self.event = check(
-                rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags"
+            self.event = call(
+                "cudaEventCreateWithFlags", rt.eventCreateWithFlags, rt.eventDisableTiming
             )
         self.sync_id = 0
 
     def activate(self) -> None:
         self.sync_id = self.producer.next_sync_id()
-        check(cudart().cudaEventRecord(self.event, self.producer.handle), "cudaEventRecord")
+        call("cudaEventRecord", cudart().eventRecord, self.event, self.producer.handle)
 
     def wait_on_device(self, consumer: SyncStream) -> None:
-        check(cudart().cudaStreamWaitEvent(consumer.handle, self.event, 0), "cudaStreamWaitEvent")
+        call("cudaStreamWaitEvent", cudart().streamWaitEvent, consumer.handle, self.event)
         consumer.record_wait(self.producer, self.sync_id)
 
     def wait_on_handle(self, handle: int) -> None:
@@ -50,17 +50,17 @@ class CudaNotification(SyncNotification):
         per-thread default streams, which the runtime API takes as handles) wait for it. On the
         event's device: the default-stream handles name the current device's stream."""
         with DeviceGuard(self.producer.ordinal):
-            check(cudart().cudaStreamWaitEvent(handle, self.event, 0), "cudaStreamWaitEvent")
+            call("cudaStreamWaitEvent", cudart().streamWaitEvent, handle, self.event)
 
     def wait_on_host(self) -> None:
         if self.producer.capturing:
             raise GraphCaptureViolation("a host wait on a stream capturing a graph")
         counters.bump(counters.HOST_SYNCS)
-        check(cudart().cudaEventSynchronize(self.event), "cudaEventSynchronize")
+        call("cudaEventSynchronize", cudart().eventSynchronize, self.event)
 
     def __del__(self) -> None:
         try:
-            cudart().cudaEventDestroy(self.event)
+            cudart().eventDestroy(self.event)
         except Exception:
             pass
 
@@ -83,20 +83,14 @@ class CudaEventTimer(DeviceTimer):
             event = self._free.pop()
         else:
             with DeviceGuard(self.ordinal):
-                event = check(
-                    rt.cudaEventCreateWithFlags(rt.cudaEventDefault), "cudaEventCreateWithFlags"
-                )
+                event = call("cudaEventCreateWithFlags", rt.eventCreateWithFlags, rt.eventDefault)
             self._all.append(event)
-        check(rt.cudaEventRecord(event, stream.handle), "cudaEventRecord")
+        call("cudaEventRecord", rt.eventRecord, event, stream.handle)
         return event
 
     def elapsed_us(self, start: Any, end: Any) -> float:
-        err, ms = cudart().cudaEventElapsedTime(start, end)
-        if int(err) != 0:
-            # cudaErrorNotReady: read before the run's synchronisation (a bug), never waited on
-            _, name = cudart().cudaGetErrorName(err)
-            raise CudaError(f"cudaEventElapsedTime failed: {name.decode()}")
-        return float(ms) * 1000.0
+        # cudaErrorNotReady: read before the run's synchronisation (a bug), never waited on
+        return float(call("cudaEventElapsedTime", cudart().eventElapsedTime, start, end)) * 1e3
 
     def release(self, marks: list[Any]) -> None:
         self._free.extend(marks)
@@ -105,7 +99,7 @@ class CudaEventTimer(DeviceTimer):
         events, self._all, self._free = self._all, [], []
         for event in events:
             try:
-                cudart().cudaEventDestroy(event)
+                cudart().eventDestroy(event)
             except Exception:
                 pass
 
@@ -134,9 +128,8 @@ class CudaSyncStream(SyncStream):
         if self.owned:
             rt = cudart()
             with DeviceGuard(ordinal):
-                s = check(
-                    rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking),
-                    "cudaStreamCreateWithFlags",
+                s = call(
+                    "cudaStreamCreateWithFlags", rt.streamCreateWithFlags, rt.streamNonBlocking
                 )
             self._handle = int(s)
         else:
@@ -199,19 +192,15 @@ class CudaSyncStream(SyncStream):
         # on this stream's device throughout: an event is recorded on a stream of its own
         # device, and the default-stream handles (1, 2) name the current device's stream
         with DeviceGuard(self.ordinal):
-            event = check(
-                rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags"
-            )
+            event = call("cudaEventCreateWithFlags", rt.eventCreateWithFlags, rt.eventDisableTiming)
             try:
-                check(rt.cudaEventRecord(event, handle), "cudaEventRecord")
-                check(rt.cudaStreamWaitEvent(self._handle, event, 0), "cudaStreamWaitEvent")
+                call("cudaEventRecord", rt.eventRecord, event, handle)
+                call("cudaStreamWaitEvent", rt.streamWaitEvent, self._handle, event)
             finally:
-                rt.cudaEventDestroy(event)  # released once the wait is satisfied
+                rt.eventDestroy(event)  # released once the wait is satisfied
 
     def is_capturing(self) -> bool:
-        rt = cudart()
-        status = check(rt.cudaStreamIsCapturing(self._handle), "cudaStreamIsCapturing")
-        return int(status) != 0
+        return bool(call("cudaStreamIsCapturing", cudart().streamIsCapturing, self._handle))
 
     def flush(self) -> None:
         if self.capturing:
@@ -219,14 +208,7 @@ class CudaSyncStream(SyncStream):
         if not self.owned and self.is_capturing():
             return  # never synchronise a user's stream while its owner captures a graph
         counters.bump(counters.HOST_SYNCS)
-        fast = cupy_runtime()
-        if fast is None:
-            check(cudart().cudaStreamSynchronize(self._handle), "cudaStreamSynchronize")
-            return
-        try:
-            fast.streamSynchronize(self._handle)
-        except Exception as e:  # CuPy's CUDARuntimeError
-            raise CudaError(f"cudaStreamSynchronize failed: {e}") from e
+        call("cudaStreamSynchronize", cudart().streamSynchronize, self._handle)
 
     def on_session_run_end(self) -> None:
         self.flush()
@@ -241,11 +223,11 @@ class CudaSyncStream(SyncStream):
         capture_started(self._handle)
         try:
             with DeviceGuard(self.ordinal):
-                check(
-                    rt.cudaStreamBeginCapture(
-                        self._handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-                    ),
+                call(
                     "cudaStreamBeginCapture",
+                    rt.streamBeginCapture,
+                    self._handle,
+                    rt.streamCaptureModeThreadLocal,
                 )
         except BaseException:
             capture_stopped(self._handle)
@@ -256,21 +238,26 @@ class CudaSyncStream(SyncStream):
         """Stop capturing; the instantiated (and uploaded) graph."""
         rt = cudart()
         self._stop_capture()
-        graph = check(rt.cudaStreamEndCapture(self._handle), "cudaStreamEndCapture")
+        graph = call("cudaStreamEndCapture", rt.streamEndCapture, self._handle)
         try:
             with DeviceGuard(self.ordinal):
-                exe = check(rt.cudaGraphInstantiateWithFlags(graph, 0), "cudaGraphInstantiate")
-                check(rt.cudaGraphUpload(exe, self._handle), "cudaGraphUpload")
+                exe = call("cudaGraphInstantiate", rt.graphInstantiate, graph)
+                call("cudaGraphUpload", rt.graphUpload, exe, self._handle)
         finally:
-            rt.cudaGraphDestroy(graph)
+            rt.graphDestroy(graph)
         return exe
 
     def abort_capture(self) -> None:
         rt = cudart()
         self._stop_capture()
-        err, graph = rt.cudaStreamEndCapture(self._handle)
-        if int(err) == 0 and graph:
-            rt.cudaGraphDestroy(graph)
+        try:
+            graph = rt.streamEndCapture(self._handle)
+        except Exception as e:  # an invalidated capture: nothing to destroy
+            if cuda_status(e) is None:
+                raise
+            return
+        if graph:
+            rt.graphDestroy(graph)
 
     def capture_call(self, fn: Any) -> Any:
         """``fn``'s work on this stream as an instantiated graph (not run), or None when it
@@ -299,7 +286,7 @@ class CudaSyncStream(SyncStream):
         self.closed = True
         if self.owned:  # a user's stream is theirs: never touched after the session is done
             try:
-                cudart().cudaStreamSynchronize(self._handle)
+                cudart().streamSynchronize(self._handle)
             except Exception:
                 pass
         if self._on_close is not None:
@@ -323,4 +310,4 @@ class CudaSyncStream(SyncStream):
                 pass
             self._cudnn = None
         if self.owned and self._handle:
-            cudart().cudaStreamDestroy(self._handle)
+            cudart().streamDestroy(self._handle)

@@ -22,7 +22,7 @@ import numpy as np
 
 from onnxplug.ep import DataTransfer, Device, DeviceTensor, SyncStream, counters
 
-from .runtime import CudaError, DeviceGuard, check, cudart, peer_route
+from .runtime import DeviceGuard, call, cuda_error, cudart, peer_route
 
 SAME = "same"  # a copy within one device (the other routes: runtime.PEER, runtime.HOST)
 
@@ -44,35 +44,23 @@ class _Staging:
         rt = cudart()
         if self.event is not None:
             counters.bump(counters.HOST_SYNCS)
-            check(rt.cudaEventSynchronize(self.event), "cudaEventSynchronize")
+            call("cudaEventSynchronize", rt.eventSynchronize, self.event)
         if nbytes <= self.size:
             return
         if self.ptr:
-            rt.cudaFreeHost(self.ptr)
+            rt.freeHost(self.ptr)
         size = max(_STAGING_MIN, 1 << (nbytes - 1).bit_length())
-        self.ptr = int(check(rt.cudaHostAlloc(size, rt.cudaHostAllocDefault), "cudaHostAlloc"))
+        self.ptr = int(call("cudaHostAlloc", rt.hostAlloc, size, rt.hostAllocDefault))
         self.size = size
         if self.event is None:
-            self.event = check(
-                rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags"
+            self.event = call(
+                "cudaEventCreateWithFlags", rt.eventCreateWithFlags, rt.eventDisableTiming
             )
 
     def view(self, nbytes: int) -> np.ndarray:
         from onnxplug.ep import host_view
 
         return host_view(self.ptr, (nbytes,), np.uint8, self)
-
-
-_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault
-
-
-def _cupy_memcpy_async() -> Any:
-    """CuPy's ``runtime.memcpyAsync`` (None without CuPy)."""
-    try:
-        from cupy.cuda import runtime
-    except ImportError:
-        return None
-    return runtime.memcpyAsync
 
 
 def _host_ptr(a: np.ndarray) -> int:
@@ -129,7 +117,7 @@ class CudaDataTransfer(DataTransfer):
                     self._d2d(src, dst, h)
                     if stream is None:
                         counters.bump(counters.HOST_SYNCS)
-                        check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+                        call("cudaStreamSynchronize", rt.streamSynchronize, 0)
             elif isinstance(dst, DeviceTensor):
                 ordinal = self._ordinal(stream, dst)
                 with DeviceGuard(ordinal):
@@ -147,13 +135,13 @@ class CudaDataTransfer(DataTransfer):
         a, b = self._gpu(src), self._gpu(dst)
         if a is not None and b is not None and a != b:
             self.routes[peer_route(a, b)] += 1
-            check(rt.cudaMemcpyPeerAsync(dst.ptr, b, src.ptr, a, n, h), "cudaMemcpyPeerAsync")
+            call("cudaMemcpyPeerAsync", rt.memcpyPeerAsync, dst.ptr, b, src.ptr, a, n, h)
             return
         if a is not None and b is not None:
             self.routes[SAME] += 1
         if src.ptr != dst.ptr:
-            kind = rt.cudaMemcpyKind.cudaMemcpyDefault
-            check(rt.cudaMemcpyAsync(dst.ptr, src.ptr, n, kind, h), "cudaMemcpyAsync(D2D)")
+            kind = rt.memcpyDefault
+            call("cudaMemcpyAsync(D2D)", rt.memcpyAsync, dst.ptr, src.ptr, n, kind, h)
 
     def bind_copy(self, src: Any, dst: Any, stream: SyncStream) -> Any:
         """Between two tensors with fixed memory (device or pinned host), on a stream: one
@@ -170,26 +158,13 @@ class CudaDataTransfer(DataTransfer):
         a, b = self._gpu(src), self._gpu(dst)
         if a is not None and b is not None and a != b:
             return self._bind_peer(src, dst, a, b, stream)
-        args = (dst.ptr, src.ptr, n, rt.cudaMemcpyKind.cudaMemcpyDefault, stream.handle)
-        fast = _cupy_memcpy_async()
-        if fast is not None:
-            # CuPy's Cython binding costs ~1 µs a call, cuda.bindings' several (a replayed
-            # run makes two of these copies)
-            d, s_, h = dst.ptr, src.ptr, stream.handle
+        memcpy, d, s_, kind, h = rt.memcpyAsync, dst.ptr, src.ptr, rt.memcpyDefault, stream.handle
 
-            def copy() -> None:
-                try:
-                    fast(d, s_, n, _MEMCPY_DEFAULT, h)
-                except Exception as e:
-                    raise CudaError(f"cudaMemcpyAsync failed: {e}") from e
-
-            return copy
-        memcpy = rt.cudaMemcpyAsync
-
-        def copy() -> None:
-            err = memcpy(*args)[0]
-            if int(err):
-                check((err,), "cudaMemcpyAsync")
+        def copy() -> None:  # a replayed run makes two of these: ~1 µs each
+            try:
+                memcpy(d, s_, n, kind, h)
+            except Exception as e:
+                raise cuda_error("cudaMemcpyAsync", e) from e
 
         return copy
 
@@ -199,14 +174,12 @@ class CudaDataTransfer(DataTransfer):
         rt = cudart()
         with DeviceGuard(self._ordinal(stream, dst)):
             route = peer_route(a, b)
-        memcpy = rt.cudaMemcpyPeerAsync
+        memcpy = rt.memcpyPeerAsync
         args = (dst.ptr, b, src.ptr, a, src.nbytes, stream.handle)
         routes = self.routes
 
         def copy() -> None:
-            err = memcpy(*args)[0]
-            if int(err):
-                check((err,), "cudaMemcpyPeerAsync")
+            call("cudaMemcpyPeerAsync", memcpy, *args)
             routes[route] += 1
 
         return copy
@@ -216,36 +189,36 @@ class CudaDataTransfer(DataTransfer):
         n = src.nbytes
         if n == 0:
             return
-        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        kind = rt.memcpyHostToDevice
         if n < _DIRECT_BELOW or h == 0:
             # pageable source: the call returns once the source has been consumed
-            check(rt.cudaMemcpyAsync(dst.ptr, _host_ptr(src), n, kind, h), "cudaMemcpyAsync(H2D)")
+            call("cudaMemcpyAsync(H2D)", rt.memcpyAsync, dst.ptr, _host_ptr(src), n, kind, h)
             if h == 0:
                 counters.bump(counters.HOST_SYNCS)
-                check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+                call("cudaStreamSynchronize", rt.streamSynchronize, 0)
             return
         st = self._stage(ordinal)
         with st.lock:
             st.ensure(n)
             np.copyto(st.view(n), src.reshape(-1).view(np.uint8))
-            check(rt.cudaMemcpyAsync(dst.ptr, st.ptr, n, kind, h), "cudaMemcpyAsync(H2D)")
-            check(rt.cudaEventRecord(st.event, h), "cudaEventRecord")
+            call("cudaMemcpyAsync(H2D)", rt.memcpyAsync, dst.ptr, st.ptr, n, kind, h)
+            call("cudaEventRecord", rt.eventRecord, st.event, h)
 
     def _d2h(self, src: DeviceTensor, dst: np.ndarray, h: int, ordinal: int) -> None:
         rt = cudart()
         n = src.nbytes
         if n == 0:
             return
-        kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        kind = rt.memcpyDeviceToHost
         if dst.flags.c_contiguous and (n < _DIRECT_BELOW or h == 0):
-            check(rt.cudaMemcpyAsync(_host_ptr(dst), src.ptr, n, kind, h), "cudaMemcpyAsync(D2H)")
+            call("cudaMemcpyAsync(D2H)", rt.memcpyAsync, _host_ptr(dst), src.ptr, n, kind, h)
             counters.bump(counters.HOST_SYNCS)
-            check(rt.cudaStreamSynchronize(h), "cudaStreamSynchronize")
+            call("cudaStreamSynchronize", rt.streamSynchronize, h)
             return
         st = self._stage(ordinal)
         with st.lock:
             st.ensure(n)
-            check(rt.cudaMemcpyAsync(st.ptr, src.ptr, n, kind, h), "cudaMemcpyAsync(D2H)")
+            call("cudaMemcpyAsync(D2H)", rt.memcpyAsync, st.ptr, src.ptr, n, kind, h)
             counters.bump(counters.HOST_SYNCS)
-            check(rt.cudaStreamSynchronize(h), "cudaStreamSynchronize")
+            call("cudaStreamSynchronize", rt.streamSynchronize, h)
             np.copyto(dst, st.view(n).view(src.dtype).reshape(src.shape))

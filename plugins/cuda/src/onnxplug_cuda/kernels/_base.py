@@ -375,7 +375,7 @@ class NodeGraph:
         try:
             from ..runtime import cudart
 
-            cudart().cudaGraphExecDestroy(self.exe)
+            cudart().graphExecDestroy(self.exe)
             if self.scratch is not None:
                 self.scratch.release_held(self.held)
         except Exception:
