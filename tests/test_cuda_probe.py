@@ -1,6 +1,6 @@
 """The CUDA provider's device probe (``onnxplug_cuda.runtime.probe_devices``) against a stand-in
 driver library: it asks the driver API through ctypes (no cuda.bindings import), starts CuPy's
-import beside ``cuInit`` and waits for it, and says why there is no device (no driver, a
+import beside ``cuInit`` without waiting for it, and says why there is no device (no driver, a
 failed ``cuInit``, none visible, CuPy missing) in words a user can act on. The real driver is
 exercised by every GPU test."""
 
@@ -95,7 +95,7 @@ def test_devices_come_from_the_driver_api(probe):
         runtime.CudaDeviceInfo(1, "NVIDIA A100-SXM4-40GB", 8, 0, 40 << 30, 108),
     ]
     assert driver.init_threads == [threading.current_thread().name]
-    assert runtime.CUPY.modules() == (sys.modules["json"],)  # imported beside cuInit
+    assert runtime.CUPY.modules() == (sys.modules["json"],)  # started beside cuInit
     assert runtime.probe_devices() is runtime.probe_devices()  # once per process
 
 
@@ -120,5 +120,24 @@ def test_no_visible_device_names_cuda_visible_devices(probe, monkeypatch):
 def test_cupy_missing_is_the_reason(probe):
     h100 = ("NVIDIA H100 80GB HBM3", 9, 0, 132, 85 << 30)
     devices, reason = probe(FakeDriver([h100]), cupy_module="no_such_module_onnxplug_cupy")
-    assert devices == []
-    assert reason.startswith("CuPy is not importable (ModuleNotFoundError:")
+    assert devices == [] and reason == "CuPy is not installed (pip install cupy-cuda13x)"
+
+
+def test_the_probe_does_not_wait_for_cupy(probe, tmp_path, monkeypatch):
+    """CuPy's import goes on after the probe (the provider's creation joins it, having started
+    the device's context beside it); an import that fails is the provider's error there."""
+    (tmp_path / "slow_cupy_for_probe.py").write_text(
+        "import threading\nRELEASE = threading.Event()\nRELEASE.wait(10)\n"
+        "raise ImportError('libcublas.so.13: cannot open shared object file')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    h100 = ("NVIDIA H100 80GB HBM3", 9, 0, 132, 85 << 30)
+    devices, reason = probe(FakeDriver([h100]), cupy_module="slow_cupy_for_probe")
+    assert reason is None and len(devices) == 1
+    assert runtime.CUPY._thread.is_alive()  # still importing
+    sys.modules["slow_cupy_for_probe"].RELEASE.set()
+    from onnxplug.ep import Device, EPFail
+    from onnxplug_cuda.backend import CupyBackend
+
+    with pytest.raises(EPFail, match="computes with CuPy, whose import failed.*libcublas"):
+        CupyBackend(0, Device("cuda", 0))

@@ -13,7 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from onnxplug.ep import Allocator, Device, DeviceTensor, alloc_ptr, counters, current_scratch
+from onnxplug.ep import (
+    Allocator,
+    Device,
+    DeviceTensor,
+    EPFail,
+    alloc_ptr,
+    counters,
+    current_scratch,
+)
 
 # numpy dtypes CuPy cannot compute with; kernels move them as same-size integers.
 _STORAGE_AS = {"bfloat16": np.dtype(np.uint16)}
@@ -27,7 +35,13 @@ class CupyBackend:
         from .runtime import CUPY
 
         NVMATH.start()  # cuBLASLt's bindings load beside CuPy and the session's set-up
-        (cupy,) = CUPY.modules()  # imported on a helper thread since the device probe
+        try:
+            (cupy,) = CUPY.modules()  # imported on a helper thread since the device probe
+        except Exception as e:
+            raise EPFail(
+                f"the CUDA provider computes with CuPy, whose import failed "
+                f"({type(e).__name__}: {e})"
+            ) from e
 
         self.xp = cupy
         self.ordinal = ordinal

@@ -250,9 +250,11 @@ _CC_MAJOR, _CC_MINOR, _MULTIPROCESSORS = 75, 76, 16
 
 def probe_devices() -> tuple[list[CudaDeviceInfo], str | None]:
     """The visible CUDA devices (CUDA_VISIBLE_DEVICES is honoured by the driver), or
-    ([], reason) when there is no usable driver or CuPy. Through the driver API with ctypes
+    ([], reason) when there is no usable driver or no CuPy. Through the driver API with ctypes
     (the interpreter lock is released while ``cuInit`` works), beside CuPy's import, which it
-    starts and waits for."""
+    starts and does not wait for: the provider's creation joins it (``CUPY.modules()``), after
+    starting the device's context on a helper thread, so that the driver's work there overlaps
+    the rest of the import."""
     global _probe
     with _probe_lock:
         if _probe is not None:
@@ -272,11 +274,8 @@ def probe_devices() -> tuple[list[CudaDeviceInfo], str | None]:
             reason = "no CUDA device is visible"
             if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
                 reason += f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r})"
-        if devices:
-            try:
-                CUPY.modules()
-            except Exception as e:
-                devices, reason = [], f"CuPy is not importable ({type(e).__name__}: {e})"
+        if devices and importlib.util.find_spec(CUPY.names[0]) is None:
+            devices, reason = [], "CuPy is not installed (pip install cupy-cuda13x)"
         _probe = (devices, reason)
         return _probe
 
