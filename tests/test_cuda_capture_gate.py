@@ -116,3 +116,62 @@ def test_deferred_frees_wait_for_their_own_stream(fake_runtime: _Runtime) -> Non
     assert freed == [100]  # stream 2 still captures: its block waits
     runtime.capture_stopped(2)
     assert freed == [100, 200]
+
+
+class _CaptureRuntime:
+    """A runtime whose capture calls record whether the gate still held the stream."""
+
+    streamCaptureModeThreadLocal = 1
+
+    def __init__(self, stream: int, fail_end: bool = False) -> None:
+        self.stream = stream
+        self.fail_end = fail_end
+        self.ended_while_gated: list[bool] = []
+
+    def streamBeginCapture(self, stream: int, mode: int) -> None:
+        assert stream in runtime.CAPTURING  # the gate closed first
+
+    def streamEndCapture(self, stream: int) -> int:
+        self.ended_while_gated.append(stream in runtime.CAPTURING)
+        if self.fail_end:
+            raise _RuntimeError(901)  # cudaErrorStreamCaptureInvalidated
+        return 0x6A
+
+    def graphInstantiate(self, graph: int) -> int:
+        return 0xE0
+
+    def graphUpload(self, exe: int, stream: int) -> None:
+        pass
+
+    def graphDestroy(self, graph: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("abort", [False, True], ids=["end", "abort"])
+def test_a_capture_ends_before_the_gate_opens(fake_runtime, monkeypatch, abort):
+    """The stream's capture is ended (``cudaStreamEndCapture``) before it leaves CAPTURING:
+    a device synchronisation waiting for the gate would otherwise run while the stream still
+    captures (and fail: cudaErrorStreamCaptureUnsupported, seen on an H100 with four threads),
+    and a free deferred to the capture's end would be recorded into the graph."""
+    from onnxplug.ep import Device
+    from onnxplug_cuda import stream as cuda_stream
+
+    rt = _CaptureRuntime(11, fail_end=abort)
+    monkeypatch.setattr(cuda_stream, "cudart", lambda: rt)
+    monkeypatch.setattr(cuda_stream, "DeviceGuard", lambda ordinal: contextlib.nullcontext())
+    s = cuda_stream.CudaSyncStream(Device("cuda", 0), 0, user_handle=11, enable_cudnn=False)
+    freed: list[int] = []
+
+    class Allocator:
+        def free(self, ptr: int) -> None:
+            freed.append(ptr)
+            assert 11 not in runtime.CAPTURING  # after the capture's end
+
+    s.begin_capture()
+    assert runtime.defer_free(Allocator(), 500, 11)
+    if abort:
+        s.abort_capture()
+    else:
+        assert s.end_capture() == 0xE0
+    assert rt.ended_while_gated == [True] and freed == [500] and not s.capturing
+    assert 11 not in runtime.CAPTURING

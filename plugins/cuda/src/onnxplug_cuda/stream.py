@@ -237,8 +237,13 @@ class CudaSyncStream(SyncStream):
     def end_capture(self) -> Any:
         """Stop capturing; the instantiated (and uploaded) graph."""
         rt = cudart()
-        self._stop_capture()
-        graph = call("cudaStreamEndCapture", rt.streamEndCapture, self._handle)
+        # the capture ends before the gate opens: a device-wide synchronisation waiting on it
+        # would fail while the stream still captures, and a free deferred until the capture's
+        # end would be recorded into the graph
+        try:
+            graph = call("cudaStreamEndCapture", rt.streamEndCapture, self._handle)
+        finally:
+            self._stop_capture()
         try:
             with DeviceGuard(self.ordinal):
                 exe = call("cudaGraphInstantiate", rt.graphInstantiate, graph)
@@ -249,13 +254,14 @@ class CudaSyncStream(SyncStream):
 
     def abort_capture(self) -> None:
         rt = cudart()
-        self._stop_capture()
         try:
             graph = rt.streamEndCapture(self._handle)
         except Exception as e:  # an invalidated capture: nothing to destroy
             if cuda_status(e) is None:
                 raise
             return
+        finally:
+            self._stop_capture()
         if graph:
             rt.graphDestroy(graph)
 
