@@ -40,9 +40,9 @@ for step in "$@"; do
         bench) python3 benchmarks/models.py --fp16 ${BENCH_ARGS:-} --json "$out/bench.json" > "$out/bench.log" 2>&1; r=$?
                grep -E "^\|" "$out/bench.log" ;;
         cold) # bytecode as a regular install has it (this machine sets PYTHONDONTWRITEBYTECODE,
-              # and its numpy and cuda-python came without: each process compiled cuda.bindings'
-              # and cuda.pathfinder's 36 modules during session creation)
-              python3 -m compileall -q -j 8 src plugins/cuda/src ${PYTHONPATH:-} $(python3 -c "import os, numpy, cuda.bindings as b; print(os.path.dirname(numpy.__file__), os.path.dirname(os.path.dirname(b.__file__)))") > /dev/null
+              # and its numpy, cuda-python and CuPy came without: each process compiled
+              # cuda.pathfinder's modules, among others, during session creation)
+              python3 -m compileall -q -j 8 src plugins/cuda/src ${PYTHONPATH:-} $(python3 -c "import os, numpy, cupy, cupy_backends, cuda.bindings as b; print(os.path.dirname(numpy.__file__), os.path.dirname(os.path.dirname(b.__file__)), os.path.dirname(cupy.__file__), os.path.dirname(cupy_backends.__file__))") > /dev/null
               python3 benchmarks/cold_start.py ${COLD_ARGS:-} --json "$out/cold.json" > "$out/cold.log" 2>&1; r=$?
               grep -E "^\|" "$out/cold.log" ;;
         *) echo "unknown step $step"; r=2 ;;
