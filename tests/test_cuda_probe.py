@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+import types
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,11 @@ def test_cupy_missing_is_the_reason(probe):
 def test_the_probe_does_not_wait_for_cupy(probe, tmp_path, monkeypatch):
     """CuPy's import goes on after the probe (the provider's creation joins it, having started
     the device's context beside it); an import that fails is the provider's error there."""
+    gate = types.ModuleType("probe_gate_for_test")
+    gate.RELEASE = threading.Event()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "probe_gate_for_test", gate)
     (tmp_path / "slow_cupy_for_probe.py").write_text(
-        "import threading\nRELEASE = threading.Event()\nRELEASE.wait(10)\n"
+        "from probe_gate_for_test import RELEASE\nRELEASE.wait(10)\n"
         "raise ImportError('libcublas.so.13: cannot open shared object file')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -135,7 +139,7 @@ def test_the_probe_does_not_wait_for_cupy(probe, tmp_path, monkeypatch):
     devices, reason = probe(FakeDriver([h100]), cupy_module="slow_cupy_for_probe")
     assert reason is None and len(devices) == 1
     assert runtime.CUPY._thread.is_alive()  # still importing
-    sys.modules["slow_cupy_for_probe"].RELEASE.set()
+    gate.RELEASE.set()
     from onnxplug.ep import Device, EPFail
     from onnxplug_cuda.backend import CupyBackend
 
