@@ -20,14 +20,7 @@ if str(PLUGIN_SRC) not in sys.path:  # CI installs the core only
     sys.path.insert(0, str(PLUGIN_SRC))
 
 from onnxplug_cuda import runtime  # noqa: E402
-
-
-class _RuntimeError(RuntimeError):
-    """CuPy's ``CUDARuntimeError``: ``status`` is the ``cudaError_t``."""
-
-    def __init__(self, status: int):
-        self.status = status
-        super().__init__(f"cudaError {status}")
+from tests.plugins.fake_cudart import CUDARuntimeError  # noqa: E402
 
 
 class _Runtime:
@@ -91,7 +84,7 @@ def test_a_failed_device_sync_lets_captures_begin_again(
     fake_runtime: _Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def failing_sync() -> None:
-        raise _RuntimeError(999)
+        raise CUDARuntimeError(999)
 
     monkeypatch.setattr(fake_runtime, "deviceSynchronize", failing_sync)
     with pytest.raises(runtime.CudaError, match="cudaDeviceSynchronize failed: cudaError 999"):
@@ -134,7 +127,7 @@ class _CaptureRuntime:
     def streamEndCapture(self, stream: int) -> int:
         self.ended_while_gated.append(stream in runtime.CAPTURING)
         if self.fail_end:
-            raise _RuntimeError(901)  # cudaErrorStreamCaptureInvalidated
+            raise CUDARuntimeError(901)  # cudaErrorStreamCaptureInvalidated
         return 0x6A
 
     def graphInstantiate(self, graph: int) -> int:

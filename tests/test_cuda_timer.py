@@ -11,17 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugins.fake_cudart import CUDARuntimeError
+
 PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
 NOT_READY = 600  # cudaErrorNotReady
-
-
-class NotReady(RuntimeError):
-    """CuPy's ``CUDARuntimeError`` for cudaErrorNotReady."""
-
-    status = NOT_READY
-
-    def __init__(self) -> None:
-        super().__init__("cudaErrorNotReady: device not ready")
 
 
 class FakeRuntime:
@@ -52,7 +45,7 @@ class FakeRuntime:
 
     def eventElapsedTime(self, a: int, b: int) -> float:
         if a not in self.done or b not in self.done:
-            raise NotReady()
+            raise CUDARuntimeError(NOT_READY, "cudaErrorNotReady: device not ready")
         return self.time[b] - self.time[a]
 
     def eventDestroy(self, ev: int) -> None:

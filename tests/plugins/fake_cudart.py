@@ -41,11 +41,15 @@ class cudaMemcpyKind(IntEnum):
 
 
 class CUDARuntimeError(RuntimeError):
-    """CuPy's runtime error: ``status`` is the ``cudaError_t``."""
+    """CuPy's runtime error: ``status`` is the ``cudaError_t``; the text is CuPy's
+    ("name: description"), or ``text``, or the number where the status is not one above."""
 
-    def __init__(self, status: cudaError_t):
+    def __init__(self, status: int, text: str | None = None):
         self.status = int(status)
-        super().__init__(f"{status.name}: {status.name}")
+        if text is None:
+            name = cudaError_t(status).name if status in cudaError_t._value2member_map_ else ""
+            text = f"{name}: {name}" if name else f"cudaError {self.status}"
+        super().__init__(text)
 
 
 class FakeCudart:
