@@ -185,6 +185,116 @@ def test_a_warm_up_runs_after_the_import_once_per_device(blas):
     assert not done.acquire(timeout=0.2) and all(c[1] != 2 for c in calls)
 
 
+class _FakeCublasLt:
+    """What ``LtGemm`` and ``warm_gemm_type`` use of nvmath's cuBLASLt bindings, recording
+    each heuristic query (its layout's type and its descriptor's compute type) and what is
+    destroyed."""
+
+    class MatmulDescAttribute:
+        BIAS_POINTER = 8
+
+    class Epilogue:
+        RELU, GELU, BIAS, RELU_BIAS, GELU_BIAS = 2, 32, 4, 6, 36
+
+    matmul_heuristic_result_dtype = np.dtype([("algo", "<u8", (8,)), ("workspace_size", "<u8")])
+
+    def __init__(self, fail: bool = False):
+        import threading
+
+        self.fail = fail
+        self.queries: list[tuple[int, int, str]] = []
+        self.live: set[str] = set()
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def _new(self, kind: str, *what: int) -> str:
+        with self._lock:
+            self._next += 1
+            name = f"{kind}{self._next}:{what}"
+            self.live.add(name)
+            return name
+
+    def create(self) -> str:
+        if self.fail:
+            raise RuntimeError("CUBLAS_STATUS_NOT_INITIALIZED")
+        return self._new("handle")
+
+    def matmul_desc_create(self, compute: int, scale: int) -> str:
+        return self._new("desc", compute, scale)
+
+    def matrix_layout_create(self, cuda_type: int, rows: int, cols: int, ld: int) -> str:
+        return self._new("layout", cuda_type, rows, cols, ld)
+
+    def matmul_preference_create(self) -> str:
+        return self._new("pref")
+
+    def matmul_algo_get_heuristic(self, handle, desc, a, b, c, d, pref, n, results, found):
+        import threading
+
+        assert a == b == c == d and a.endswith(", 64, 64, 64)")
+        cuda_type = int(a.split("(")[1].split(",")[0])
+        compute = int(desc.split("(")[1].split(",")[0])
+        with self._lock:
+            self.queries.append((cuda_type, compute, threading.current_thread().name))
+
+    def _destroy(self, name: str) -> None:
+        with self._lock:
+            self.live.remove(name)
+
+    destroy = matmul_desc_destroy = matrix_layout_destroy = matmul_preference_destroy = _destroy
+
+
+def _fake_nvmath(L: _FakeCublasLt) -> object:
+    import types
+
+    cublas = types.SimpleNamespace(
+        ComputeType=types.SimpleNamespace(COMPUTE_32F=68, COMPUTE_32F_FAST_TF32=77, COMPUTE_64F=70),
+        Operation=types.SimpleNamespace(N=0, T=1),
+    )
+    return types.SimpleNamespace(modules=lambda: (L, cublas))
+
+
+def _join_gemm_warm_ups() -> None:
+    import threading
+
+    for t in threading.enumerate():
+        if t.name.startswith("onnxplug-gemm-warm-"):
+            t.join(10)
+
+
+@pytest.mark.parametrize("use_tf32", [True, False])
+def test_gemm_engine_warms_each_element_type_once(blas, monkeypatch, use_tf32):
+    """``LtGemm.warm_up(dtype)`` (called by the GEMM kernels when the session makes them) runs
+    one heuristic query per element type, on a helper thread, with the type's layout and the
+    engine's compute type (TF32 for float32 where allowed), and frees what it made; types
+    cuBLASLt does not run here (int8, no type known) start nothing."""
+    L = _FakeCublasLt()
+    monkeypatch.setattr(blas, "NVMATH", _fake_nvmath(L))
+    monkeypatch.setattr(blas, "make_primary_context_current", lambda ordinal: ordinal == 0)
+    eng = blas.LtGemm(object(), 0, use_tf32)
+    before = blas.stats["warm_queries"]
+    for dt in (np.float16, np.float16, np.dtype("float32"), np.int8, None, np.float32):
+        eng.warm_up(dt)
+    _join_gemm_warm_ups()
+    f32 = 77 if use_tf32 else 68
+    assert sorted(q[:2] for q in L.queries) == [(0, f32), (2, 68)]  # CUDA_R_32F, CUDA_R_16F
+    assert {q[2] for q in L.queries} == {"onnxplug-gemm-warm-float16", "onnxplug-gemm-warm-float32"}
+    assert blas.stats["warm_queries"] == before + 2
+    assert not L.live  # handle, descriptor, layout and preference destroyed
+
+
+def test_a_gemm_warm_up_that_fails_is_left_to_the_first_real_query(blas, monkeypatch):
+    """No context on the thread, or a library error: nothing raised and nothing queried (the
+    first real query meets the error and reports it)."""
+    L = _FakeCublasLt(fail=True)
+    monkeypatch.setattr(blas, "NVMATH", _fake_nvmath(L))
+    monkeypatch.setattr(blas, "make_primary_context_current", lambda ordinal: ordinal == 0)
+    blas.LtGemm(object(), 0, True).warm_up(np.float16)  # create() raises
+    blas.LtGemm(object(), 1, True).warm_up(np.float16)  # no context on device 1
+    _join_gemm_warm_ups()
+    assert L.queries == [] and not L.live
+
+
 def test_a_failed_background_import_is_raised_where_the_modules_are_needed(blas, monkeypatch):
     """nvmath missing: the engine's first use sees the ImportError, warns once and uses CuPy's
     matmul, as when it imported nvmath itself."""

@@ -733,6 +733,9 @@ class _AttentionBase(CudaKernel):
         self.gemm = blas.engine_for(self.ep)
         self.dtype = info.input_dtype(0)
 
+    def warm_up(self) -> None:
+        self.gemm.warm_up(self.dtype)  # the projections and the GEMM path's products
+
     def heads_of(self, x3: Any) -> Any:
         """(B, S, N*H) -> dense (B, N, S, H)."""
         b, s, d = x3.shape
@@ -1046,6 +1049,7 @@ class Attention(_AttentionBase):
         on an H100 host). Where the graph fixes the input's batch and length, the one block
         shape they take; else both (the first one batch 1 with 128 tokens takes): a second
         compile beside it slowed it (1.0 s against 0.73 alone)."""
+        super().warm_up()
         w = self.info.constant_input(1)
         if self.dtype != np.float32 or w is None or w.ndim != 2:
             return

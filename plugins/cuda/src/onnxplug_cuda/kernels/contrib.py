@@ -895,6 +895,9 @@ class MatMulNBits(_Typed, CallListKernel):
         self.gemm = blas.engine_for(self.ep)
         self.path = self.gemm.kind
 
+    def warm_up(self) -> None:
+        self.gemm.warm_up(self.dtype)
+
     def calls(self, ctx: KernelContext, stream: int | None) -> list[Any]:
         a, b, scales, zp, g_idx, bias = (self.arg(ctx, i) for i in range(6))
         n, k, blocks, bits = self.n, self.k, self.blocks, self.bits
@@ -965,7 +968,8 @@ class MatMulBias(_Typed):
     def warm_up(self) -> None:
         """The erf Gelu that follows the GEMM, over the output the graph's shapes fix, compiled
         in the background (BERT-base's first run compiled it after waiting for the attention
-        kernel's compile)."""
+        kernel's compile); and cuBLASLt's set-up for the GEMM's type."""
+        self.gemm.warm_up(self.dtype)
         a, w = self.info.input_shape(0), self.info.input_shape(1)
         if not self.then_gelu or self.bf16 or self.dtype is None or a is None or w is None:
             return

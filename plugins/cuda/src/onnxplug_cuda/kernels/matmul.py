@@ -34,6 +34,9 @@ class _Gemm(CudaKernel):
         self.dtype = info.input_dtype(0)
         self.path = self.gemm.kind  # which engine runs the products (for tests)
 
+    def warm_up(self) -> None:
+        self.gemm.warm_up(self.dtype)
+
 
 class MatMul(_Gemm):
     def __init__(self, info: KernelInfo):
