@@ -210,3 +210,59 @@ def test_the_build_writes_the_catalogue_and_nothing_else(tmp_path):
     compiled.clear()
     build_kernels.build(["sm_90", "sm_75"], tmp_path, 2, fake_nvrtc)
     assert sorted(compiled) == [("oxa_mma_f32_1x4", "sm_75"), ("oxa_mma_f32_2x2", "sm_75")]
+
+
+def _main_with(monkeypatch, devices: dict[str, int], argv: list[str], cudnn=lambda: None) -> list:
+    """``build_kernels.main(argv)`` with these native GPUs, a build that compiles nothing, the
+    cuDNN frontend's import ``cudnn``, workers on threads, and the attention graphs built
+    recorded: (ordinal, kind); the (bias, 128, 77) kind fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from onnxplug_cuda import dnn
+
+    built: list = []
+
+    def build_kind(ordinal: int, mask: str, head: int, seq: int) -> None:
+        if (mask, head, seq) == ("bias", 128, 77):
+            raise RuntimeError("CUDNN_STATUS_NOT_SUPPORTED\nmore")
+        built.append((ordinal, (mask, head, seq)))
+
+    monkeypatch.setattr(build_kernels, "native_devices", lambda: devices)
+    monkeypatch.setattr(build_kernels, "build", lambda archs, out, jobs: {a: [] for a in archs})
+    monkeypatch.setattr(build_kernels, "_pool", lambda nvrtc, jobs: ThreadPoolExecutor(jobs))
+    monkeypatch.setattr(dnn, "import_cudnn", cudnn)
+    monkeypatch.setattr(dnn, "build_attention_kind", build_kind)
+    assert build_kernels.main(argv) == 0
+    return sorted(built)
+
+
+def test_the_install_warms_cudnn_attention_once_per_native_architecture(monkeypatch, capsys):
+    """``--arch native`` (the default) builds a fused-attention graph of every kind on the first
+    GPU of each architecture, so that the driver compiles its kernels, and reports the kinds
+    that failed; explicit architectures (a build for other machines) and a turned-off JIT
+    cache build none."""
+    from onnxplug_cuda import dnn
+
+    monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
+    kinds = [k for k in dnn.ATTENTION_KINDS if k != ("bias", 128, 77)]
+    assert len(dnn.ATTENTION_KINDS) == 12
+    want = sorted((d, k) for d in (0, 2) for k in kinds)
+    assert _main_with(monkeypatch, {"sm_90": 0, "sm_80": 2}, []) == want
+    out = capsys.readouterr().out
+    for arch in ("sm_90", "sm_80"):
+        assert f"{arch}: 11 of 12 kinds of cuDNN fused attention in the driver's JIT cache" in out
+    assert out.count("left out ('bias', 128, 77): CUDNN_STATUS_NOT_SUPPORTED\n") == 2
+    assert _main_with(monkeypatch, {"sm_90": 0}, ["--arch", "90"]) == []
+    monkeypatch.setenv("CUDA_CACHE_DISABLE", "1")
+    assert _main_with(monkeypatch, {"sm_90": 0}, []) == []
+    assert "CUDA_CACHE_DISABLE is set" in capsys.readouterr().out
+
+
+def test_the_install_reports_a_missing_cudnn_frontend_and_goes_on(monkeypatch, capsys):
+    def missing() -> None:
+        raise ImportError("No module named 'cudnn'")
+
+    monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
+    assert _main_with(monkeypatch, {"sm_90": 0}, [], missing) == []
+    out = capsys.readouterr().out
+    assert "cuDNN frontend not importable (No module named 'cudnn'): attention kernels" in out

@@ -383,3 +383,13 @@ def test_creation_compiles_the_epilogue_of_a_residual_convolution(compiles, monk
         options={"use_tf32": "0"},
         settled_too=epilogues_settled,
     )
+
+
+def test_the_install_builds_every_kind_of_cudnn_attention():
+    """``build_kernels``' attention warm-up builds a float16 fused-attention graph of every
+    kind it lists (mask, head size, sequence length) on this GPU."""
+    pytest.importorskip("cudnn")
+    from onnxplug_cuda import dnn
+
+    for kind in dnn.ATTENTION_KINDS:
+        dnn.build_attention_kind(0, *kind)

@@ -5,7 +5,9 @@ into ``shipped_kernels/sm_<arch>/<digest>.cubin`` beside the compiler (see its d
     python -m onnxplug_cuda.build_kernels [--arch native|90,80] [--jobs N] [--out DIR]
 
 Run once after installing the plugin (``scripts/gpu-session.sh`` does; a release wheel would be
-built after it). ``native`` (the default) is the architecture of each visible GPU. A folder
+built after it). ``native`` (the default) is the architecture of each visible GPU; for those
+GPUs it also has the driver compile cuDNN's fused-attention kernels into its JIT cache
+(``warm_attention``), which a machine's first float16 attention would otherwise wait for. A folder
 ends up holding exactly the catalogue: cubins of sources no longer listed are removed. A kernel
 that does not compile for an architecture (tensor-core code below sm_80) is left out there and
 reported; the run never selects it on that architecture.
@@ -65,16 +67,46 @@ def nvrtc_compile(text: str, name: str, options: Sequence[str]) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def native_archs() -> list[str]:
-    """The architecture of each visible GPU ("sm_90"), each once."""
+def native_devices() -> dict[str, int]:
+    """The architecture of each visible GPU ("sm_90"), each once, with its first device."""
     import cupy
 
-    archs = []
+    devices: dict[str, int] = {}
     for d in range(cupy.cuda.runtime.getDeviceCount()):
-        arch = "sm_" + str(cupy.cuda.Device(d).compute_capability)
-        if arch not in archs:
-            archs.append(arch)
-    return archs
+        devices.setdefault("sm_" + str(cupy.cuda.Device(d).compute_capability), d)
+    return devices
+
+
+def warm_attention(devices: dict[str, int], jobs: int) -> None:
+    """cuDNN's fused-attention kernels compiled into the driver's JIT cache: one graph of each
+    kind of ``dnn.ATTENTION_KINDS`` built on the first GPU of each architecture, in spawned
+    processes (the frontend holds the interpreter lock while it builds). Reported, never
+    fatal: without the cuDNN frontend, or with the cache turned off, a machine's first
+    float16 attention compiles them in its first run instead."""
+    if os.environ.get("CUDA_CACHE_DISABLE", "0") not in ("", "0"):
+        print("build_kernels: CUDA_CACHE_DISABLE is set: cuDNN's attention kernels not cached")
+        return
+    try:
+        from . import dnn
+
+        dnn.import_cudnn()
+    except ImportError as e:
+        print(f"build_kernels: cuDNN frontend not importable ({e}): attention kernels not cached")
+        return
+    kinds = dnn.ATTENTION_KINDS
+    for arch, ordinal in devices.items():
+        start = time.perf_counter()
+        # a CUDA context per worker: a few, not one per core
+        with _pool(True, min(jobs, 4)) as pool:
+            futures = [pool.submit(dnn.build_attention_kind, ordinal, *kind) for kind in kinds]
+            failed = [(kind, f.exception()) for kind, f in zip(kinds, futures) if f.exception()]
+        took = time.perf_counter() - start
+        print(
+            f"build_kernels: {arch}: {len(kinds) - len(failed)} of {len(kinds)} kinds of "
+            f"cuDNN fused attention in the driver's JIT cache in {took:.1f} s"
+        )
+        for kind, error in failed:
+            print(f"  left out {kind}: {(str(error).strip().splitlines() or [''])[0]}")
 
 
 def _import_families() -> None:
@@ -147,8 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=compiler.SHIPPED_DIR)
     args = parser.parse_args(argv)
+    devices: dict[str, int] = {}
     if args.arch == "native":
-        archs = native_archs()
+        devices = native_devices()
+        archs = list(devices)
     else:
         archs = ["sm_" + a.strip().removeprefix("sm_") for a in args.arch.split(",") if a.strip()]
     if not archs:
@@ -161,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"build_kernels: {arch}: {n - len(errors)} of {n} kernels in {args.out / arch}")
         for name, error in errors:
             print(f"  left out {name}: {error}")
+    warm_attention(devices, args.jobs)  # only for the GPUs of this machine (--arch native)
     print(f"build_kernels: {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -223,6 +223,44 @@ class _Graph:
         self.ms = ms  # the best plan's time per call, where EXHAUSTIVE search timed it
 
 
+def sdpa_graph(cudnn: Any, spec: SdpaSpec, io: Any, handle: Any) -> Any:
+    """``spec``'s SDPA graph in storage type ``io`` (a cuDNN data type), its plan built by the
+    heuristics' choice, on cuDNN ``handle``."""
+    f32 = cudnn.data_type.FLOAT
+    g = cudnn.pygraph(
+        io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=handle
+    )
+    q = g.tensor(name="Q", dim=list(spec.q), stride=list(spec.q_stride), data_type=io)
+    k = g.tensor(name="K", dim=list(spec.k), stride=list(spec.k_stride), data_type=io)
+    v = g.tensor(name="V", dim=list(spec.v), stride=list(spec.v_stride), data_type=io)
+    q.set_uid(UID_Q)
+    k.set_uid(UID_K)
+    v.set_uid(UID_V)
+    kw: dict[str, Any] = {}
+    if spec.bias is not None:
+        bd = list(spec.bias)
+        bias = g.tensor(name="BIAS", dim=bd, stride=_contiguous(bd), data_type=io)
+        bias.set_uid(UID_BIAS)
+        kw["bias"] = bias
+    if spec.causal:
+        kw["diagonal_alignment"] = cudnn.diagonal_alignment.TOP_LEFT
+        kw["diagonal_band_right_bound"] = 0
+    o, _stats = g.sdpa(
+        name="sdpa", q=q, k=k, v=v, generate_stats=False, attn_scale=spec.scale, **kw
+    )
+    o.set_output(True)
+    o.set_dim([spec.q[0], spec.q[1], spec.q[2], spec.v[3]])
+    o.set_stride(list(spec.o_stride))
+    o.set_data_type(io)
+    o.set_uid(UID_O)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+    return g
+
+
 class CudnnConv:
     """cuDNN frontend graphs for Conv/ConvTranspose on one device, with the EP's options."""
 
@@ -508,41 +546,7 @@ class CudnnConv:
         loaded = self._load_plan(ctx, plan_key, ptrs)
         if loaded is not None:
             return loaded
-        cudnn = self.cudnn
-        io = self._io[spec.dtype]
-        f32 = cudnn.data_type.FLOAT
-        g = cudnn.pygraph(
-            io_data_type=io, intermediate_data_type=f32, compute_data_type=f32,
-            handle=ctx.stream.cudnn,
-        )  # fmt: skip
-        q = g.tensor(name="Q", dim=list(spec.q), stride=list(spec.q_stride), data_type=io)
-        k = g.tensor(name="K", dim=list(spec.k), stride=list(spec.k_stride), data_type=io)
-        v = g.tensor(name="V", dim=list(spec.v), stride=list(spec.v_stride), data_type=io)
-        q.set_uid(UID_Q)
-        k.set_uid(UID_K)
-        v.set_uid(UID_V)
-        kw: dict[str, Any] = {}
-        if spec.bias is not None:
-            bd = list(spec.bias)
-            bias = g.tensor(name="BIAS", dim=bd, stride=_contiguous(bd), data_type=io)
-            bias.set_uid(UID_BIAS)
-            kw["bias"] = bias
-        if spec.causal:
-            kw["diagonal_alignment"] = cudnn.diagonal_alignment.TOP_LEFT
-            kw["diagonal_band_right_bound"] = 0
-        o, _stats = g.sdpa(
-            name="sdpa", q=q, k=k, v=v, generate_stats=False, attn_scale=spec.scale, **kw
-        )
-        o.set_output(True)
-        o.set_dim([spec.q[0], spec.q[1], spec.q[2], spec.v[3]])
-        o.set_stride(list(spec.o_stride))
-        o.set_data_type(io)
-        o.set_uid(UID_O)
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        g.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+        g = sdpa_graph(self.cudnn, spec, self._io[spec.dtype], ctx.stream.cudnn)
         self._save_plan(plan_key, g, None, None)
         return _Graph(g, int(g.get_workspace_size()), None, _variant_order(g, ptrs))
 
@@ -756,6 +760,49 @@ def _fingerprint(cudnn: Any, ordinal: int) -> str:
         f" cudnn {cudnn.backend_version()} frontend {getattr(cudnn, '__version__', '?')}"
         f" timing {_TIMING_METHOD}"
     )
+
+
+# The kinds of float16 fused-attention graph whose kernels the driver compiles separately from
+# the PTX cuDNN loads (H100, cuDNN 9.19, a fresh JIT cache, one graph built per process): the
+# mask (none, an additive bias, causal) and the head size (64; 32 and 80 reused its kernels,
+# 128 did not) each took 0.6-0.9 s, and so did a bias with a sequence length of 77 (1.27 s);
+# another batch, head count, layout or scale, or the lengths 200, 256 and 384 after 128,
+# reused the kernels (74-185 ms). With all these built, a bias with length 100
+# (head 64) or 50 (head 128) still compiled its own (0.63, 0.75 s): which other lengths share
+# kernels is not known.
+# ``build_kernels`` builds one graph of each kind at install.
+ATTENTION_KINDS = tuple(
+    (mask, head, seq)
+    for mask in ("none", "bias", "causal")
+    for head in (64, 128)
+    for seq in (128, 77)
+)
+
+
+def build_attention_kind(ordinal: int, mask: str, head: int, seq: int) -> None:
+    """Build one float16 fused-attention graph of a kind of ``ATTENTION_KINDS`` on device
+    ``ordinal`` (two heads read in place from a packed projection, as the attention kernels
+    ask): building its plan has the driver compile the kernels into its JIT cache
+    (``~/.nv/ComputeCache``, ``CUDA_CACHE_PATH``), which a machine's first process would
+    otherwise wait for in its first run. Raises what the build raises."""
+    import cupy
+
+    cudnn = import_cudnn()
+    heads, total = 2, 6 * head
+    row = (seq * total, head, total, 1)
+    dims = (1, heads, seq, head)
+    bias = (1, 1, seq, seq) if mask == "bias" else None
+    out = (seq * heads * head, head, heads * head, 1)
+    spec = SdpaSpec(
+        np.dtype(np.float16), dims, dims, dims, row, row, row, out, bias, mask == "causal",
+        head**-0.5,
+    )  # fmt: skip
+    with cupy.cuda.Device(ordinal):
+        handle = cudnn.create_handle()
+        try:
+            sdpa_graph(cudnn, spec, cudnn.data_type.HALF, handle)
+        finally:
+            cudnn.destroy_handle(handle)
 
 
 _MISSING = object()
