@@ -360,10 +360,10 @@ class LtGemm:
 
     def warm_up(self, dtype: Any) -> None:
         """Start, once per element type, a heuristic query for a small GEMM of that type and
-        this engine's compute type on a helper thread (``warm_gemm_type``). cuBLASLt sets up
-        each type's kernels on its first query for it, and a cached algorithm's check costs
+        this engine's compute type on a helper thread (``warm_gemm_type``). cuBLASLt's first
+        query for a type does a set-up of that type, and a cached algorithm's check costs
         the same (H100, fresh processes: 99-139 ms for float16, 55-88 ms for TF32 float32):
-        float16 BERT-base's first run spent 125-153 ms in its first GEMM plan while the
+        float16 BERT-base's first run spent 127-153 ms in its first GEMM plan while the
         backend's warm-up (``warm_cublaslt``) had loaded only float32's. GEMM kernels call
         this from their ``warm_up``, when the session creates them."""
         dt = np.dtype(dtype) if dtype is not None else None
