@@ -5,10 +5,13 @@ per-process cache), twice in a row (the second process finds what the first left
     python benchmarks/cold_start.py [--models resnet50,bert_base,gpt2] [--out DIR]
                                     [--cprofile N] [--trace-imports torch,scipy]
                                     [--cuda-options k=v,...] [--processes N] [--phases]
+                                    [--fp16]
 
-Models come from benchmarks/models.py's export (batch 1, fp32). Each model starts from empty
+Models come from benchmarks/models.py's export (batch 1, fp32; ``--fp16``: their float16
+conversion, as models.py makes it, and there is no onnxruntime figure for it). Each model starts from empty
 caches (cuDNN tuning and plans, compiled kernels: a new folder for ``ONNXPLUG_CACHE_DIR`` and
-``CUPY_CACHE_DIR``), so its first process is a machine's first; ``--cache-dir DIR`` uses DIR
+``CUPY_CACHE_DIR``), so its first process is a machine's first after the install (whose
+``build_kernels`` left cuDNN's attention kernels in the driver's JIT cache); ``--cache-dir DIR`` uses DIR
 instead (for all models). ``--cprofile N`` also prints the
 N most expensive functions (cumulative) of creation and first run, from a third process.
 ``--phases`` prints, from such a process, when each phase of creation and first run began and
@@ -74,7 +77,7 @@ import onnxplug as ox
 sys.path.insert(0, "benchmarks")
 from models import feeds_for, model_path
 t_import = time.perf_counter() - t0
-name, out, prof = sys.argv[1], sys.argv[2], int(sys.argv[3])
+name, out, prof, dtype = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5]
 phases = json.loads(os.environ.get("ONNXPLUG_PHASES", "[]"))
 events = []
 if phases:
@@ -101,6 +104,8 @@ if phases:
 cuda = dict(kv.split("=", 1) for kv in sys.argv[4].split(",") if kv)
 feeds = feeds_for(name, 1)
 path = model_path(out, name, 1)
+if dtype == "fp16":
+    path = path.replace(".onnx", "_fp16.onnx")
 if prof:
     import cProfile, pstats
     pr, pr_run = cProfile.Profile(), cProfile.Profile()
@@ -140,14 +145,20 @@ print(json.dumps({"import_s": t_import, "create_s": t2 - t1, "first_ms": (t3 - t
 
 
 def child(
-    name: str, out: str, prof: int = 0, trace: str = "", options: str = "", phases: bool = False
+    name: str,
+    out: str,
+    prof: int = 0,
+    trace: str = "",
+    options: str = "",
+    phases: bool = False,
+    dtype: str = "fp32",
 ) -> dict:
     env = {**os.environ, "ONNXPLUG_TRACE_IMPORTS": trace} if trace else None
     if phases:
         env = {**(env or os.environ), "ONNXPLUG_PHASES": json.dumps(PHASES)}
     t0 = time.perf_counter()
     p = subprocess.run(
-        [sys.executable, "-c", _CHILD, name, out, str(prof), options],
+        [sys.executable, "-c", _CHILD, name, out, str(prof), options, dtype],
         capture_output=True,
         text=True,
         check=False,
@@ -179,15 +190,21 @@ def main() -> int:
     ap.add_argument("--processes", type=int, default=2, help="fresh processes per model")
     ap.add_argument("--cache-dir", default=None, help="cache folder (default: new, per model)")
     ap.add_argument("--phases", action="store_true", help="print creation's phases by thread")
+    ap.add_argument("--fp16", action="store_true", help="the models' float16 conversions")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = args.models.split(",")
     if args.cache_dir:
         _use_cache_dir(args.cache_dir)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from models import export_all
+    from models import export_all, model_path, to_fp16
 
     export_all(args.out, names)
+    dtype = "fp16" if args.fp16 else "fp32"
+    if args.fp16:
+        for name in names:
+            fp32 = model_path(args.out, name, 1)
+            to_fp16(fp32, fp32.replace(".onnx", "_fp16.onnx"))
     rows = []
     for name in names:
         if not args.cache_dir:
@@ -198,13 +215,19 @@ def main() -> int:
                 if k < 2
                 else f"process {k + 1}"
             )
-            r = child(name, args.out, options=args.cuda_options)
-            r.update(model=name, process=proc)
+            r = child(name, args.out, options=args.cuda_options, dtype=dtype)
+            r.update(model=name if dtype == "fp32" else f"{name} fp16", process=proc)
             print(json.dumps(r), flush=True)
             rows.append(r)
         if args.cprofile or args.trace_imports or args.phases:
             r = child(
-                name, args.out, args.cprofile, args.trace_imports, args.cuda_options, args.phases
+                name,
+                args.out,
+                args.cprofile,
+                args.trace_imports,
+                args.cuda_options,
+                args.phases,
+                dtype,
             )
             print(f"profiled process (not in the table): {json.dumps(r)}", flush=True)
     print(
