@@ -245,12 +245,12 @@ def test_the_install_warms_cudnn_attention_once_per_native_architecture(monkeypa
 
     monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
     kinds = [k for k in dnn.ATTENTION_KINDS if k != ("bias", 128, 77)]
-    assert len(dnn.ATTENTION_KINDS) == 12
+    assert len(dnn.ATTENTION_KINDS) == 18
     want = sorted((d, k) for d in (0, 2) for k in kinds)
     assert _main_with(monkeypatch, {"sm_90": 0, "sm_80": 2}, []) == want
     out = capsys.readouterr().out
     for arch in ("sm_90", "sm_80"):
-        assert f"{arch}: 11 of 12 kinds of cuDNN fused attention in the driver's JIT cache" in out
+        assert f"{arch}: 17 of 18 kinds of cuDNN fused attention in the driver's JIT cache" in out
     assert out.count("left out ('bias', 128, 77): CUDNN_STATUS_NOT_SUPPORTED\n") == 2
     assert _main_with(monkeypatch, {"sm_90": 0}, ["--arch", "90"]) == []
     monkeypatch.setenv("CUDA_CACHE_DISABLE", "1")

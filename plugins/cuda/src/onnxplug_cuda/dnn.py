@@ -763,19 +763,20 @@ def _fingerprint(cudnn: Any, ordinal: int) -> str:
 
 
 # The kinds of float16 fused-attention graph whose kernels the driver compiles separately from
-# the PTX cuDNN loads (H100, cuDNN 9.19, a fresh JIT cache, one graph built per process): the
-# mask (none, an additive bias, causal) and the head size (64; 32 and 80 reused its kernels,
-# 128 did not) each took 0.6-0.9 s, and so did a bias with a sequence length of 77 (1.27 s);
-# another batch, head count, layout or scale, or the lengths 200, 256 and 384 after 128,
-# reused the kernels (74-185 ms). With all these built, a bias with length 100
-# (head 64) or 50 (head 128) still compiled its own (0.63, 0.75 s): which other lengths share
-# kernels is not known.
-# ``build_kernels`` builds one graph of each kind at install.
-ATTENTION_KINDS = tuple(
-    (mask, head, seq)
-    for mask in ("none", "bias", "causal")
-    for head in (64, 128)
-    for seq in (128, 77)
+# the PTX cuDNN loads (H100, cuDNN 9.19, a fresh JIT cache, each graph built in a process of
+# its own): the mask (none, an additive bias, causal) and the head size (64; 32 and 80 reused
+# its kernels, 128 did not) each took 0.6-0.9 s; batch, head count, layout and scale never
+# mattered; the sequence length did, by how it divides. Without a bias, or causal, 77 and 250
+# compiled their own kernels after 128's (0.62-0.73 s); with 77's built too, 30, 64, 98, 100,
+# 250 and 512 reused them. With a bias, after 128 and 77 were
+# built, 512 and the odd 33, 127, 129 and 255 reused their kernels while 8, 64, 96, 100, 112,
+# 120, 136 and 192 compiled their own (0.64-1.05 s); with 96 and 100 built too, multiples of 8
+# (8 ... 200) and of 4 (36, 52) reused kernels, and 30, 98 and 250 (twice an odd number) did
+# only once 98 was built. ``build_kernels`` builds one graph of each kind at install (18 kinds,
+# 5.5 s in 4 processes); after it, every length probed reused kernels (66-170 ms).
+ATTENTION_KINDS = (
+    *((mask, head, seq) for mask in ("none", "causal") for head in (64, 128) for seq in (128, 77)),
+    *(("bias", head, seq) for head in (64, 128) for seq in (128, 96, 100, 98, 77)),
 )
 
 
