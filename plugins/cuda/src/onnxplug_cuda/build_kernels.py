@@ -83,6 +83,8 @@ def warm_attention(devices: dict[str, int], jobs: int) -> None:
     processes (the frontend holds the interpreter lock while it builds). Reported, never
     fatal: without the cuDNN frontend, or with the cache turned off, a machine's first
     float16 attention compiles them in its first run instead."""
+    if not devices:  # a build for other machines (--arch): their drivers compile their own
+        return
     if os.environ.get("CUDA_CACHE_DISABLE", "0") not in ("", "0"):
         print("build_kernels: CUDA_CACHE_DISABLE is set: cuDNN's attention kernels not cached")
         return
