@@ -16,7 +16,7 @@ PLUGIN_SRC = Path(__file__).resolve().parents[1] / "plugins" / "cuda" / "src"
 if str(PLUGIN_SRC) not in sys.path:
     sys.path.insert(0, str(PLUGIN_SRC))
 
-from onnxplug_cuda import build_kernels, compiler, launch  # noqa: E402
+from onnxplug_cuda import build_kernels, compiler, dnn, launch  # noqa: E402
 from onnxplug_cuda.kernels import _fused as F  # noqa: E402
 from onnxplug_cuda.kernels import attention, contrib, conv, indexing, pool  # noqa: E402
 
@@ -170,8 +170,6 @@ def test_gathers_copies_pools_and_the_hold_kernel_are_shipped():
     for dtype in (np.float16, np.float32, np.float64):
         kernels += [pool._raw_pool_kernel(m, np.dtype(dtype)) for m in pool._MODES]
         kernels += [pool._global_pool_kernel(m, np.dtype(dtype)) for m in ("avg", "max")]
-    from onnxplug_cuda import dnn
-
     kernels.append(dnn.HOLD_KERNEL)
     for name, source in kernels:
         assert _shipped(name, source()), name
@@ -217,8 +215,6 @@ def _main_with(monkeypatch, devices: dict[str, int], argv: list[str], cudnn=lamb
     cuDNN frontend's import ``cudnn``, workers on threads, and the attention graphs built
     recorded: (ordinal, kind); the (bias, 128, 77) kind fails."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from onnxplug_cuda import dnn
 
     built: list = []
 
@@ -266,3 +262,35 @@ def test_the_install_reports_a_missing_cudnn_frontend_and_goes_on(monkeypatch, c
     assert _main_with(monkeypatch, {"sm_90": 0}, [], missing) == []
     out = capsys.readouterr().out
     assert "cuDNN frontend not importable (No module named 'cudnn'): attention kernels" in out
+
+
+@pytest.mark.parametrize("dims", [(1, 2, 5, 4, 4), (3, 2, 7, 8, 6), (2, 12, 3, 64, 64)])
+def test_the_packed_attention_spec_views_the_heads_of_the_projection(dims):
+    """``SdpaSpec.packed``'s strides, read from the Q, K and V columns of a packed (B * S,
+    total) projection, give each head's (S, H) block; its output strides write (B, S, N * Hv)."""
+    b, n, s, h, hv = dims
+    dq, dv = n * h, n * hv
+    total = 2 * dq + dv
+    qkv = np.arange(b * s * total, dtype=np.float16).reshape(b * s, total)
+    spec = dnn.SdpaSpec.packed(dims, total, None, True, 0.5)
+    assert (spec.q, spec.k, spec.v, spec.causal, spec.scale) == (
+        (b, n, s, h), (b, n, s, h), (b, n, s, hv), True, 0.5,
+    )  # fmt: skip
+    flat = qkv.reshape(-1)
+
+    def view(offset, shape, strides):
+        return np.lib.stride_tricks.as_strided(
+            flat[offset:], shape, tuple(x * flat.itemsize for x in strides)
+        )
+
+    heads = qkv.reshape(b, s, total)
+    q = view(0, spec.q, spec.q_stride)
+    k = view(dq, spec.k, spec.k_stride)
+    v = view(2 * dq, spec.v, spec.v_stride)
+    for i in range(n):
+        np.testing.assert_array_equal(q[:, i], heads[:, :, i * h : (i + 1) * h])
+        np.testing.assert_array_equal(k[:, i], heads[:, :, dq + i * h : dq + (i + 1) * h])
+        np.testing.assert_array_equal(v[:, i], heads[:, :, 2 * dq + i * hv : 2 * dq + (i + 1) * hv])
+    out = np.arange(b * s * dv, dtype=np.float16)
+    o = np.lib.stride_tricks.as_strided(out, spec.v, tuple(x * 2 for x in spec.o_stride))
+    np.testing.assert_array_equal(o, out.reshape(b, s, n, hv).transpose(0, 2, 1, 3))

@@ -56,27 +56,43 @@ def test_the_node_suite_cases_import_neither_cupyx_nor_scipy():
     assert out["first"] is None, f"{out['first'][1]} imported by case {out['first'][0]}"
 
 
-def test_nvmath_is_imported_beside_the_session_set_up():
-    """The CUDA backend starts nvmath's import on a thread of its own; the first MatMul joins
-    it and runs through cuBLASLt (not the CuPy fallback). nvmath's package __init__ (which
-    loads cuFFT, cuSOLVER, ...) is not run, and a later ``import nvmath`` still gets the
-    whole package, with the same bindings module."""
+def _matmul_session_run(elem_type: str, body: str) -> dict:
+    """In a fresh process: a CUDA session of one (64, 64) MatMul of ``TensorProto.<elem_type>``
+    (``s``), then ``body``, whose last line prints a JSON object; that object."""
     script = textwrap.dedent(
-        """
-        import json
+        f"""
+        import json, threading
         import numpy as np
         from onnx import TensorProto, helper
         import onnxplug as ox
         from onnxplug_cuda import blas
 
+        t = TensorProto.{elem_type}
         g = helper.make_graph(
             [helper.make_node("MatMul", ["a", "b"], ["y"])],
             "g",
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, [64, 64]) for n in "ab"],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+            [helper.make_tensor_value_info(n, t, [64, 64]) for n in "ab"],
+            [helper.make_tensor_value_info("y", t, [64, 64])],
         )
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
         s = ox.InferenceSession(m.SerializeToString(), providers=["CUDAExecutionProvider"])
+        """
+    ) + textwrap.dedent(body)
+    p = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_nvmath_is_imported_beside_the_session_set_up():
+    """The CUDA backend starts nvmath's import on a thread of its own; the first MatMul joins
+    it and runs through cuBLASLt (not the CuPy fallback). nvmath's package __init__ (which
+    loads cuFFT, cuSOLVER, ...) is not run, and a later ``import nvmath`` still gets the
+    whole package, with the same bindings module."""
+    out = _matmul_session_run(
+        "FLOAT",
+        """
         # small whole numbers: exact in TF32 and in any summation order
         a = np.random.default_rng(0).integers(-3, 4, (64, 64)).astype(np.float32)
         (y,) = s.run(None, {"a": a, "b": a.T.copy()})
@@ -93,13 +109,8 @@ def test_nvmath_is_imported_beside_the_session_set_up():
             "same_bindings": nvmath.bindings.cublasLt is blas.cublaslt(),
             "full_package": hasattr(nvmath, "linalg"),
         }))
-        """
+        """,
     )
-    p = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out == {
         "started": True,
         "alive": False,
@@ -118,22 +129,9 @@ def test_a_float16_session_warms_cublaslt_for_float16_before_its_first_run():
     float16's on a helper thread when the session makes it. In a fresh process: after both
     warm-ups, two warm queries ran (none failed), the engine counts float16 as warmed, and the
     run's product is right."""
-    script = textwrap.dedent(
+    out = _matmul_session_run(
+        "FLOAT16",
         """
-        import json, threading
-        import numpy as np
-        from onnx import TensorProto, helper
-        import onnxplug as ox
-        from onnxplug_cuda import blas
-
-        g = helper.make_graph(
-            [helper.make_node("MatMul", ["a", "b"], ["y"])],
-            "g",
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT16, [64, 64]) for n in "ab"],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [64, 64])],
-        )
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-        s = ox.InferenceSession(m.SerializeToString(), providers=["CUDAExecutionProvider"])
         for t in threading.enumerate():
             if t.name.startswith(("onnxplug-warm-", "onnxplug-gemm-warm-")):
                 t.join(30)
@@ -145,13 +143,8 @@ def test_a_float16_session_warms_cublaslt_for_float16_before_its_first_run():
             "float16_warmed": np.dtype(np.float16) in eng._warmed,
             "exact": bool(np.array_equal(y, (a.astype(np.float32) @ a.T.astype(np.float32)).astype(np.float16))),
         }))
-        """
+        """,
     )
-    p = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out == {
         "warm_queries": 2,
         "float16_warmed": True,

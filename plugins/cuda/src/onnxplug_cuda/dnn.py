@@ -164,6 +164,34 @@ class SdpaSpec:
     causal: bool
     scale: float
 
+    @classmethod
+    def packed(
+        cls,
+        dims: tuple[int, int, int, int, int],
+        total: int,
+        bias: tuple[int, ...] | None,
+        causal: bool,
+        scale: float,
+    ) -> SdpaSpec:
+        """float16 attention reading the heads in place from a packed (B * S, total)
+        projection (its Q, K and V columns side by side) and writing the context into a
+        (B, S, N * Hv) output; ``dims`` is (B, N, S, H, Hv)."""
+        b, n, s, h, hv = dims
+        row = (s * total, h, total, 1)
+        return cls(
+            dtype=np.dtype(np.float16),
+            q=(b, n, s, h),
+            k=(b, n, s, h),
+            v=(b, n, s, hv),
+            q_stride=row,
+            k_stride=row,
+            v_stride=(s * total, hv, total, 1),
+            o_stride=(s * n * hv, hv, n * hv, 1),
+            bias=bias,
+            causal=causal,
+            scale=float(scale),
+        )
+
 
 def _contiguous(dims: list[int]) -> list[int]:
     out = [1] * len(dims)
@@ -789,15 +817,11 @@ def build_attention_kind(ordinal: int, mask: str, head: int, seq: int) -> None:
     import cupy
 
     cudnn = import_cudnn()
-    heads, total = 2, 6 * head
-    row = (seq * total, head, total, 1)
-    dims = (1, heads, seq, head)
+    heads = 2
     bias = (1, 1, seq, seq) if mask == "bias" else None
-    out = (seq * heads * head, head, heads * head, 1)
-    spec = SdpaSpec(
-        np.dtype(np.float16), dims, dims, dims, row, row, row, out, bias, mask == "causal",
-        head**-0.5,
-    )  # fmt: skip
+    spec = SdpaSpec.packed(
+        (1, heads, seq, head, head), 6 * head, bias, mask == "causal", head**-0.5
+    )
     with cupy.cuda.Device(ordinal):
         handle = cudnn.create_handle()
         try:

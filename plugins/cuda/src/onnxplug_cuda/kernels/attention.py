@@ -1175,20 +1175,7 @@ class Attention(_AttentionBase):
                 return None
             calls.append(make)
             ptrs[dnn.UID_BIAS] = int(term.data.ptr)
-        row = (s * total, h, total, 1)
-        spec = dnn.SdpaSpec(
-            dtype=np.dtype(np.float16),
-            q=(b, n, s, h),
-            k=(b, n, s, h),
-            v=(b, n, s, hv),
-            q_stride=row,
-            k_stride=row,
-            v_stride=(s * total, hv, total, 1),
-            o_stride=(s * n * hv, hv, n * hv, 1),
-            bias=bias_dims,
-            causal=self.causal,
-            scale=float(scale),
-        )
+        spec = dnn.SdpaSpec.packed((b, n, s, h, hv), total, bias_dims, self.causal, scale)
         call = eng.attention(ctx, spec, ptrs, workspace)
         return None if call is None else [*calls, call]
 
