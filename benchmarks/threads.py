@@ -12,6 +12,7 @@ exports them (needs torch, torchvision and transformers)::
     python benchmarks/threads.py --models bert_base --threads 1,4 --seconds 10
     python benchmarks/threads.py --iobinding --graphs on       # device inputs and outputs
     python benchmarks/threads.py --graphs on --gpu-bound       # and the GPU's own bound
+    python benchmarks/threads.py --graphs on --fp16            # the float16 conversions
 
 ``--gpu-bound`` (CUDA graphs on) adds what the GPU does alone: with k threads holding their
 captured graphs, one thread replays the k graphs round-robin on their k streams with no other
@@ -46,13 +47,22 @@ CPU = "CPUExecutionProvider"
 PROVIDERS = {"CUDA": CUDA, "CPU": CPU}
 
 
-def cuda_models(names: list[str], out: str) -> list[tuple[str, str, dict[str, np.ndarray]]]:
-    """(label, path, feeds) of the CUDA models at batch 1, exported like benchmarks/models.py."""
+def cuda_models(
+    names: list[str], out: str, fp16: bool = False
+) -> list[tuple[str, str, dict[str, np.ndarray]]]:
+    """(label, path, feeds) of the CUDA models at batch 1, exported like benchmarks/models.py
+    (``fp16``: their float16 conversions, as models.py makes them, float32 inputs and outputs)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import models  # benchmarks/models.py
 
     models.export_all(out, names, batches=(1,))
-    return [(f"{n} b1", models.model_path(out, n, 1), models.feeds_for(n, 1)) for n in names]
+    cases = []
+    for n in names:
+        path = models.model_path(out, n, 1)
+        if fp16:
+            path = models.to_fp16(path, path.replace(".onnx", "_fp16.onnx"))
+        cases.append((f"{n} b1{' fp16' if fp16 else ''}", path, models.feeds_for(n, 1)))
+    return cases
 
 
 def session(path: str, provider: str, graphs: bool, config: list[str]) -> Any:
@@ -226,6 +236,7 @@ def main() -> int:
         help="CUDA graphs on: also the GPU's own inferences/s with k concurrent streams",
     )
     ap.add_argument("--session-config", action="append", default=[], help="key=value")
+    ap.add_argument("--fp16", action="store_true", help="CUDA: the models' float16 conversions")
     ap.add_argument("--out", default="/tmp/onnxplug_models", help="where CUDA models go")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -236,6 +247,8 @@ def main() -> int:
     modes = {"both": [False, True], "off": [False], "on": [True]}[graphs]
     if provider != CUDA and True in modes:
         ap.error("--graphs on needs --provider CUDA")
+    if args.fp16 and (provider != CUDA or args.model):
+        ap.error("--fp16 converts the CUDA models of --models (not --model files)")
     if args.gpu_bound and True not in modes:
         ap.error("--gpu-bound needs CUDA graphs (--graphs on or both)")
 
@@ -246,7 +259,7 @@ def main() -> int:
             feeds, _ = make_feeds(probe, None, args.dim, 0)
             cases.append((os.path.basename(path), path, feeds))
     elif provider == CUDA:
-        cases = cuda_models(args.models.split(","), args.out)
+        cases = cuda_models(args.models.split(","), args.out, args.fp16)
     else:
         path = str(demo_model_path())
         probe = ox.InferenceSession(path, providers=[CPU])
