@@ -75,7 +75,7 @@ t0 = time.perf_counter()
 import numpy as np
 import onnxplug as ox
 sys.path.insert(0, "benchmarks")
-from models import feeds_for, model_path
+from models import feeds_for, fp16_path, model_path
 t_import = time.perf_counter() - t0
 name, out, prof, dtype = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5]
 phases = json.loads(os.environ.get("ONNXPLUG_PHASES", "[]"))
@@ -105,7 +105,7 @@ cuda = dict(kv.split("=", 1) for kv in sys.argv[4].split(",") if kv)
 feeds = feeds_for(name, 1)
 path = model_path(out, name, 1)
 if dtype == "fp16":
-    path = path.replace(".onnx", "_fp16.onnx")
+    path = fp16_path(path)
 if prof:
     import cProfile, pstats
     pr, pr_run = cProfile.Profile(), cProfile.Profile()
@@ -203,8 +203,7 @@ def main() -> int:
     dtype = "fp16" if args.fp16 else "fp32"
     if args.fp16:
         for name in names:
-            fp32 = model_path(args.out, name, 1)
-            to_fp16(fp32, fp32.replace(".onnx", "_fp16.onnx"))
+            to_fp16(model_path(args.out, name, 1))
     rows = []
     for name in names:
         if not args.cache_dir:

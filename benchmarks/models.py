@@ -99,7 +99,15 @@ def export_all(out: str, names: list[str], batches: tuple[int, ...] = (1, 8)) ->
             export(f"gpt2_b{b}", G(gpt2), (torch.randint(0, 50000, (b, 128)),), ["input_ids"], None)
 
 
-def to_fp16(src: str, dst: str) -> str:
+def fp16_path(path: str) -> str:
+    """Where the float16 conversion of the model at ``path`` is kept (beside it)."""
+    return path.replace(".onnx", "_fp16.onnx")
+
+
+def to_fp16(src: str) -> str:
+    """The float16 conversion of the model at ``src`` (onnxruntime's, float32 inputs and
+    outputs), made once; its path."""
+    dst = fp16_path(src)
     if not os.path.exists(dst):
         import onnx
         from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -420,7 +428,7 @@ def main() -> int:
             for fp16 in [False, True] if args.fp16 else [False]:
                 path = model_path(args.out, name, b)
                 if fp16:
-                    path = to_fp16(path, path.replace(".onnx", "_fp16.onnx"))
+                    path = to_fp16(path)
                 feeds = feeds_for(name, b)
                 dt = "fp16" if fp16 else "fp32"
                 row: dict[str, Any] = {"model": name, "batch": b, "dtype": dt}

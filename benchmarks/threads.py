@@ -60,7 +60,7 @@ def cuda_models(
     for n in names:
         path = models.model_path(out, n, 1)
         if fp16:
-            path = models.to_fp16(path, path.replace(".onnx", "_fp16.onnx"))
+            path = models.to_fp16(path)
         cases.append((f"{n} b1{' fp16' if fp16 else ''}", path, models.feeds_for(n, 1)))
     return cases
 

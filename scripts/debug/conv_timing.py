@@ -77,7 +77,7 @@ def main() -> int:
     for name in names:
         path = model_path(args.out, name, args.batch)
         if args.fp16:
-            path = to_fp16(path, path.replace(".onnx", "_fp16.onnx"))
+            path = to_fp16(path)
         rows.clear()
         s = ox.InferenceSession(path, providers=[CUDA, "CPUExecutionProvider"])
         s.run(None, feeds_for(name, args.batch))

@@ -66,7 +66,7 @@ def main() -> int:
         b = args.batch
         path = model_path(args.out, name, b)
         if args.fp16:
-            path = to_fp16(path, path.replace(".onnx", "_fp16.onnx"))
+            path = to_fp16(path)
         feeds = feeds_for(name, b)
         opts = {"enable_cuda_graph": "1"} if args.graph else {}
         s = ox.InferenceSession(path, providers=[(CUDA, opts), "CPUExecutionProvider"])
