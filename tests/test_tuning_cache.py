@@ -126,6 +126,78 @@ def test_an_entry_without_a_time_is_tuned_again(engine):
     assert engine._cached_plan(g, "conv") == (None, None) and g.built == []
 
 
+class _Candidates(_PlanList):
+    """A checked graph for ``_choose_plan``: its candidates' workspaces, the heuristics'
+    choice built on request, and serialization of the plan built last."""
+
+    def __init__(self, names: list[str], unbuildable: tuple[int, ...] = ()):
+        super().__init__(names)
+        self.unbuildable = unbuildable
+        self.policy = None
+
+    def build_plan_at_index(self, i: int) -> None:
+        if i in self.unbuildable:
+            raise RuntimeError("no")
+        super().build_plan_at_index(i)
+
+    def build_plans(self, policy: str) -> None:
+        self.policy = policy
+
+    def get_workspace_size(self) -> int:
+        return 0
+
+    def get_workspace_size_plan_at_index(self, i: int) -> int:
+        return 256 * i
+
+    def serialize(self) -> list[int]:
+        return [self.built[-1]]
+
+
+def _chooser(tmp_path, algo: int, times: dict[int, float], monkeypatch) -> dnn.CudnnConv:
+    eng = object.__new__(dnn.CudnnConv)
+    eng.cache = dnn.TuningCache(str(tmp_path), "fp")
+    eng.plans = cache.PlanCache(str(tmp_path), "fp")
+    eng.algo = algo
+    eng.cudnn = SimpleNamespace(build_plan_policy=SimpleNamespace(HEURISTICS_CHOICE="heur"))
+    monkeypatch.setattr(
+        dnn, "_time_plans", lambda ctx, g, ptrs, built: {i: times[i] for i in built}
+    )
+    monkeypatch.setattr(dnn, "_variant_order", lambda g, ptrs: None)
+    return eng
+
+
+def test_exhaustive_search_runs_the_fastest_of_the_first_candidates(tmp_path, monkeypatch):
+    """EXHAUSTIVE: the first ``_TUNED_PLANS`` candidates that build are timed (a candidate
+    past them is not, however fast), the fastest runs by index with its workspace, and it is
+    kept in the tuning cache and the plan cache; a second choice builds that one plan."""
+    times = {0: 0.009, 2: 0.007, 3: 0.008, 4: 0.0075, 5: 0.001}
+    eng = _chooser(tmp_path, 0, times, monkeypatch)  # 0: EXHAUSTIVE
+    g = _Candidates([f"eng{i}" for i in range(6)], unbuildable=(1,))
+    chosen = eng._choose_plan(_ctx(), g, "sdpa", "plan key", {})
+    assert (chosen.best, chosen.ms, chosen.ws) == (2, 0.007, 512)
+    assert g.built[:4] == [0, 2, 3, 4] and g.policy is None
+    assert eng.plans.get("plan key") == (bytes([2]), 0.007)  # serialized after building 2
+    again = _Candidates([f"eng{i}" for i in range(6)])
+    assert eng._choose_plan(_ctx(), again, "sdpa", "plan key", {}).best == 2
+    assert set(again.built) == {2}  # that plan only (built again to be serialized)
+
+
+def test_a_capturing_stream_runs_the_first_candidate_untimed_and_unsaved(tmp_path, monkeypatch):
+    eng = _chooser(tmp_path, 0, {0: 0.009, 1: 0.001}, monkeypatch)
+    chosen = eng._choose_plan(_ctx(capturing=True), _Candidates(["a", "b"]), "k", "pk", {})
+    assert (chosen.best, chosen.ms) == (0, None)
+    assert eng.plans.get("pk") is None and eng.cache.get("k") is None
+
+
+@pytest.mark.parametrize("algo", [1, 2])  # HEURISTIC, DEFAULT
+def test_other_searches_run_the_heuristics_choice(tmp_path, monkeypatch, algo):
+    eng = _chooser(tmp_path, algo, {}, monkeypatch)
+    g = _Candidates(["a", "b"])
+    chosen = eng._choose_plan(_ctx(), g, "k", "pk", {})
+    assert (chosen.best, chosen.ms, g.policy, g.built) == (None, None, "heur", [])
+    assert eng.cache.get("k") is None
+
+
 def test_plans_survive_the_process_one_file_each(tmp_path):
     a = cache.PlanCache(str(tmp_path), "H100 sm90 cudnn 91900")
     a.put("conv k1", bytes(range(256)) * 4, 0.0125)
@@ -203,9 +275,9 @@ class _Frontend:
     pygraph = _SerializedGraph
 
 
-def _ctx() -> SimpleNamespace:
-    """A kernel context as the plan cache uses it: its stream's cuDNN handle."""
-    return SimpleNamespace(stream=SimpleNamespace(cudnn=7))
+def _ctx(capturing: bool = False) -> SimpleNamespace:
+    """A kernel context as the caches use it: its stream's cuDNN handle and capture state."""
+    return SimpleNamespace(stream=SimpleNamespace(cudnn=7, is_capturing=lambda: capturing))
 
 
 @pytest.fixture

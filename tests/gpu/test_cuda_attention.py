@@ -269,3 +269,52 @@ def test_deserialized_attention_plans_compute_what_built_plans_do(
         m[-1, s // 2 :] = 0
         feeds["mask"] = m
     assert_plans_reload(monkeypatch, model, feeds, {"tuning_cache_dir": str(tmp_path)}, "attention")
+
+
+@pytest.mark.parametrize("search", ["EXHAUSTIVE", "HEURISTIC"])
+def test_attention_plans_are_searched_as_convolutions_are(monkeypatch, tmp_path, search):
+    """``cudnn_conv_algo_search`` chooses float16 fused attention's cuDNN plan too: EXHAUSTIVE
+    (the default) times the first candidates, runs the fastest and keeps it in the tuning
+    cache, so that a new engine builds that plan only; HEURISTIC runs the heuristics' first
+    plan. Either way the outputs match the CPU provider's and replay bit for bit."""
+    pytest.importorskip("cudnn")
+    from onnxplug_cuda import dnn
+
+    b, s, d, heads = 1, 128, 128, 2
+    model = _attention_model(b, s, d, heads, "2d", False, np.float16)
+    rng = np.random.default_rng(11)
+    feeds = {"x": rng.standard_normal((b, s, d)).astype(np.float16)}
+    m = np.ones((b, s), np.int32)
+    m[0, 100:] = 0
+    feeds["mask"] = m
+    opts = {
+        "tuning_cache_dir": str(tmp_path),
+        "cudnn_conv_algo_search": search,
+        "enable_cuda_graph": "1",
+    }
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)[0].astype(np.float32)
+
+    def run() -> tuple[list[np.ndarray], list]:
+        monkeypatch.setattr(dnn, "_engines", {})  # a new engine, as in a new process
+        before = dict(dnn.stats)
+        sess = ox.InferenceSession(model, providers=[(CUDA, opts), CPU])
+        ys = [sess.run(None, feeds)[0] for _ in range(3)]  # warm-up, capture, replay
+        (eng,) = dnn._engines.values()
+        graphs = [g for (_, spec), g in eng._graphs.items() if isinstance(spec, dnn.SdpaSpec)]
+        hits = dnn.stats["tuning_cache_hits"] - before["tuning_cache_hits"]
+        return ys, [(g.best, g.ms, hits) for g in graphs]
+
+    ys, chosen = run()
+    assert len(chosen) == 1
+    best, ms, hits = chosen[0]
+    if search == "EXHAUSTIVE":
+        assert best is not None and ms is not None and ms > 0 and hits == 0
+    else:
+        assert best is None and ms is None
+    for y in ys:
+        np.testing.assert_allclose(y.astype(np.float32), want, rtol=2e-3, atol=2e-3)
+    np.testing.assert_array_equal(ys[1], ys[2])
+    # a second engine on the same cache folders: the plan cache has the chosen plan
+    again, _ = run()
+    for x, y in zip(ys, again, strict=True):
+        np.testing.assert_array_equal(x, y)

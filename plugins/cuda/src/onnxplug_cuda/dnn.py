@@ -29,6 +29,11 @@ Algorithm search (``cudnn_conv_algo_search``), as in onnxruntime:
 * HEURISTIC: the first plan of heuristics A (then FALLBACK) that builds.
 * DEFAULT: the FALLBACK heuristic's first plan (cuDNN's always-available engines).
 
+The float16 fused-attention graphs (``SdpaSpec``) are searched the same way (EXHAUSTIVE: the
+first 4 candidates timed; otherwise heuristics A's first plan): for BERT-base's and GPT-2's
+shapes the heuristics' first plan clears a workspace word with a memset each call, and is
+slower in a replayed graph than the fastest plan without one (``_build_sdpa``).
+
 ``use_tf32=0`` keeps float32 convolutions in float32. Engines carrying the TENSOR_CORE or
 DOWN_CONVERT_INPUTS numerical notes are deselected before the support check: for float32 data,
 tensor cores mean TF32. This is the filter PyTorch applies when ``allow_tf32`` is off
@@ -252,8 +257,8 @@ class _Graph:
 
 
 def sdpa_graph(cudnn: Any, spec: SdpaSpec, io: Any, handle: Any) -> Any:
-    """``spec``'s SDPA graph in storage type ``io`` (a cuDNN data type), its plan built by the
-    heuristics' choice, on cuDNN ``handle``."""
+    """``spec``'s SDPA graph in storage type ``io`` (a cuDNN data type) on cuDNN ``handle``,
+    its candidate plans listed in the heuristics' order and checked, none built yet."""
     f32 = cudnn.data_type.FLOAT
     g = cudnn.pygraph(
         io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=handle
@@ -285,7 +290,6 @@ def sdpa_graph(cudnn: Any, spec: SdpaSpec, io: Any, handle: Any) -> Any:
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     g.check_support()
-    g.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
     return g
 
 
@@ -430,6 +434,8 @@ class CudnnConv:
         handle = ctx.stream.cudnn
         if g.ordered:
             fn, args = g.graph._execute_with_ptrs, ([ptrs[u] for u in g.order], ws_ptr, handle)
+        elif g.best is not None:
+            fn, args = g.graph._execute_plan_at_index, (dict(ptrs), ws_ptr, g.best, handle)
         else:
             fn, args = g.graph._execute, (dict(ptrs), ws_ptr, handle)
 
@@ -548,6 +554,15 @@ class CudnnConv:
         if not self.max_workspace:
             g.deselect_workspace_greater_than(LIMITED_WORKSPACE)
         g.check_support()
+        return self._choose_plan(ctx, g, key, plan_key, ptrs)
+
+    def _choose_plan(
+        self, ctx: Any, g: Any, key: str, plan_key: str, ptrs: dict[int, int]
+    ) -> _Graph:
+        """The plan ``g`` runs, of its checked candidates: with EXHAUSTIVE search the tuning
+        cache's, else the fastest of the first ``_TUNED_PLANS`` that build, timed on ``ptrs``
+        (and remembered); otherwise the heuristics' choice. Kept in the plan cache."""
+        cudnn = self.cudnn
         exhaustive = self.algo == _EXHAUSTIVE
         best, ms = self._cached_plan(g, key) if exhaustive else (None, None)
         chosen = True  # False: EXHAUSTIVE search could not time its candidates (capturing)
@@ -570,13 +585,18 @@ class CudnnConv:
         return _Graph(g, ws, best, _variant_order(g, ptrs) if best is None else None, ms)
 
     def _build_sdpa(self, ctx: Any, spec: SdpaSpec, ptrs: dict[int, int]) -> _Graph:
-        plan_key = repr(spec)
+        # The search matters here as for convolutions: for float16 BERT-base's attention
+        # (H100, cuDNN 9.19) the heuristics' first plan takes a 256-byte workspace that each
+        # call clears with a memset, 90 µs for 12 calls in a replayed graph against 76 µs for
+        # the fastest plan without (scripts/debug/sdpa_plans.py), and a memset node makes
+        # the driver launch the whole graph the slow way (20 µs of host time against 2 µs).
+        key = repr(spec)
+        plan_key = repr((self.algo, key))
         loaded = self._load_plan(ctx, plan_key, ptrs)
         if loaded is not None:
             return loaded
         g = sdpa_graph(self.cudnn, spec, self._io[spec.dtype], ctx.stream.cudnn)
-        self._save_plan(plan_key, g, None, None)
-        return _Graph(g, int(g.get_workspace_size()), None, _variant_order(g, ptrs))
+        return self._choose_plan(ctx, g, key, plan_key, ptrs)
 
     def _load_plan(self, ctx: Any, key: str, ptrs: dict[int, int]) -> _Graph | None:
         """The graph of ``key`` deserialized from the plan cache (its one plan, run as the
@@ -825,7 +845,8 @@ def build_attention_kind(ordinal: int, mask: str, head: int, seq: int) -> None:
     with cupy.cuda.Device(ordinal):
         handle = cudnn.create_handle()
         try:
-            sdpa_graph(cudnn, spec, cudnn.data_type.HALF, handle)
+            # the candidates EXHAUSTIVE search builds: each plan's kernels are compiled
+            _build_candidates(sdpa_graph(cudnn, spec, cudnn.data_type.HALF, handle), _TUNED_PLANS)
         finally:
             cudnn.destroy_handle(handle)
 

@@ -144,7 +144,7 @@ SPECS: tuple[OptionSpec, ...] = (
         _enum(CONV_ALGO_SEARCH),
         0,
         aliases=("cudnn_conv_algo",),
-        doc="cuDNN conv algorithm search",
+        doc="cuDNN conv (and float16 fused attention) plan search",
     ),
     OptionSpec("do_copy_in_default_stream", _bool, True, doc="copies on the compute stream"),
     OptionSpec(
