@@ -13,6 +13,7 @@ exports them (needs torch, torchvision and transformers)::
     python benchmarks/threads.py --iobinding --graphs on       # device inputs and outputs
     python benchmarks/threads.py --graphs on --gpu-bound       # and the GPU's own bound
     python benchmarks/threads.py --graphs on --fp16            # the float16 conversions
+    python benchmarks/threads.py --cuda-options cudnn_conv_algo_search=HEURISTIC
 
 ``--gpu-bound`` (CUDA graphs on) adds what the GPU does alone: with k threads holding their
 captured graphs, one thread replays the k graphs round-robin on their k streams with no other
@@ -65,12 +66,14 @@ def cuda_models(
     return cases
 
 
-def session(path: str, provider: str, graphs: bool, config: list[str]) -> Any:
+def session(
+    path: str, provider: str, graphs: bool, config: list[str], options: dict[str, str]
+) -> Any:
     so = ox.SessionOptions()
     for item in config:
         key, _, value = item.partition("=")
         so.add_session_config_entry(key, value)
-    options = {"enable_cuda_graph": "1"} if graphs else {}
+    options = {**options, "enable_cuda_graph": "1"} if graphs else dict(options)
     providers: list[Any] = [(provider, options)]
     if provider != CPU:
         providers.append(CPU)
@@ -236,12 +239,16 @@ def main() -> int:
         help="CUDA graphs on: also the GPU's own inferences/s with k concurrent streams",
     )
     ap.add_argument("--session-config", action="append", default=[], help="key=value")
+    ap.add_argument("--cuda-options", default="", help="CUDA: k=v,... provider options")
     ap.add_argument("--fp16", action="store_true", help="CUDA: the models' float16 conversions")
     ap.add_argument("--out", default="/tmp/onnxplug_models", help="where CUDA models go")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     provider = PROVIDERS[args.provider]
+    cuda_options = dict(kv.split("=", 1) for kv in args.cuda_options.split(",") if kv)
+    if cuda_options and provider != CUDA:
+        ap.error("--cuda-options are the CUDA provider's")
     threads = [int(t) for t in args.threads.split(",")]
     graphs = args.graphs or ("both" if provider == CUDA else "off")
     modes = {"both": [False, True], "off": [False], "on": [True]}[graphs]
@@ -281,7 +288,7 @@ def main() -> int:
     rows = []
     for label, path, feeds in cases:
         for graph in modes:
-            sess = session(path, provider, graph, args.session_config)
+            sess = session(path, provider, graph, args.session_config, cuda_options)
             want = sess.run(None, feeds)  # sequential reference (captures, with graphs)
             cells: dict[int, float] = {}
             identical = True
