@@ -831,9 +831,10 @@ ATTENTION_KINDS = (
 def build_attention_kind(ordinal: int, mask: str, head: int, seq: int) -> None:
     """Build one float16 fused-attention graph of a kind of ``ATTENTION_KINDS`` on device
     ``ordinal`` (two heads read in place from a packed projection, as the attention kernels
-    ask): building its plan has the driver compile the kernels into its JIT cache
-    (``~/.nv/ComputeCache``, ``CUDA_CACHE_PATH``), which a machine's first process would
-    otherwise wait for in its first run. Raises what the build raises."""
+    ask): building the candidate plans EXHAUSTIVE search times has the driver compile their
+    kernels into its JIT cache (``~/.nv/ComputeCache``, ``CUDA_CACHE_PATH``), which a
+    machine's first process would otherwise wait for in its first run. Raises what the build
+    raises."""
     import cupy
 
     cudnn = import_cudnn()
