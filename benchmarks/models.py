@@ -117,6 +117,11 @@ def to_fp16(src: str) -> str:
     return dst
 
 
+def parse_options(text: str) -> dict[str, str]:
+    """Provider options written ``k=v,k2=v2`` (``--cuda-options``) as a dict."""
+    return dict(kv.split("=", 1) for kv in text.split(",") if kv)
+
+
 def feeds_for(name: str, b: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     if name == "resnet50":
@@ -412,7 +417,7 @@ def main() -> int:
     ap.add_argument("--cuda-options", default="", help="k=v,... for every onnxplug session")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    OPTIONS.update(kv.split("=", 1) for kv in args.cuda_options.split(",") if kv)
+    OPTIONS.update(parse_options(args.cuda_options))
     names = args.models.split(",")
     if CUDA not in ox.get_available_providers():
         print(f"{CUDA} is not available: {ox.get_provider_load_errors()}", file=sys.stderr)

@@ -48,14 +48,20 @@ CPU = "CPUExecutionProvider"
 PROVIDERS = {"CUDA": CUDA, "CPU": CPU}
 
 
+def _models() -> Any:
+    """benchmarks/models.py (imported when the CUDA models or their options are needed)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import models
+
+    return models
+
+
 def cuda_models(
     names: list[str], out: str, fp16: bool = False
 ) -> list[tuple[str, str, dict[str, np.ndarray]]]:
     """(label, path, feeds) of the CUDA models at batch 1, exported like benchmarks/models.py
     (``fp16``: their float16 conversions, as models.py makes them, float32 inputs and outputs)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import models  # benchmarks/models.py
-
+    models = _models()
     models.export_all(out, names, batches=(1,))
     cases = []
     for n in names:
@@ -246,7 +252,7 @@ def main() -> int:
     args = ap.parse_args()
 
     provider = PROVIDERS[args.provider]
-    cuda_options = dict(kv.split("=", 1) for kv in args.cuda_options.split(",") if kv)
+    cuda_options = _models().parse_options(args.cuda_options)
     if cuda_options and provider != CUDA:
         ap.error("--cuda-options are the CUDA provider's")
     threads = [int(t) for t in args.threads.split(",")]
