@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -470,3 +471,32 @@ def test_a_cached_choice_for_another_candidate_list_is_ignored(tmp_path):
     t = _gemm_tuning(tmp_path)
     t.cache.put("k", [5, 8, 0.01])  # written where the heuristic returned 8 candidates
     assert t.choose("k", 4, lambda: {0: 0.02, 3: 0.01}, capturing=False) == 3
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{}, {"tunable_op_enable": "1", "tunable_op_tuning_enable": "1", "tuning_cache_dir": "off"}],
+)
+def test_a_providers_gemm_engine_is_found_under_the_key_it_was_made_with(monkeypatch, given):
+    """``engine_for`` files a provider's GEMM engine under ``engine_key`` (device, TF32 and the
+    tuning options), and ``device_objects`` looks it up by the same key."""
+    from onnxplug_cuda.ep import CudaEp
+    from onnxplug_cuda.options import parse_options
+
+    class Engine:
+        def __init__(self, xp, ordinal, use_tf32, tuning=None):
+            self.ordinal, self.tuning = ordinal, tuning
+
+    monkeypatch.setattr(blas, "LtGemm", Engine)
+    monkeypatch.setattr(blas, "_engines", {})
+    monkeypatch.setattr(blas, "_tuning", lambda ep: "tuning")
+    ep = object.__new__(CudaEp)
+    ep.ordinal, ep.options = 0, parse_options(given, "CUDAExecutionProvider")
+    ep.backend = SimpleNamespace(xp=object())  # not numpy: the GPU's path
+    eng = blas.engine_for(ep)
+    assert blas._engines == {blas.engine_key(ep): eng}
+    assert (eng.tuning is not None) == bool(given)
+    ep.backend.ordinal = 0
+    ep._external = ep._shared = ep._unified = None
+    ep._lock, ep._streams, ep._graphs = threading.Lock(), [], {}
+    assert [o for kind, _, o in ep.device_objects() if kind == "gemm engine"] == [eng]

@@ -982,6 +982,15 @@ def _tuning(ep: Any) -> GemmTuning:
     )
 
 
+def engine_key(ep: Any) -> tuple:
+    """Which GEMM engine a provider instance shares (``_engines``): its device and the options
+    that change how its GEMMs are planned."""
+    o = ep.options
+    tunable = bool(o.tunable_op_enable)
+    key = (ep.ordinal, bool(o.use_tf32), tunable, bool(o.tunable_op_tuning_enable))
+    return key + (int(o.tunable_op_max_tuning_duration_ms), o.tuning_cache_dir if tunable else None)
+
+
 def engine_for(ep: Any) -> Any:
     """The GEMM engine of a provider instance: numpy under the simulation, cuBLASLt on the GPU,
     CuPy's matmul (with a warning, once) when nvmath-python cannot be imported."""
@@ -990,14 +999,12 @@ def engine_for(ep: Any) -> Any:
     if xp is np:
         return _HOST
     o = ep.options
-    tunable = bool(o.tunable_op_enable)
-    key = (ep.ordinal, bool(o.use_tf32), tunable, bool(o.tunable_op_tuning_enable))
-    key += (int(o.tunable_op_max_tuning_duration_ms), o.tuning_cache_dir if tunable else None)
+    key = engine_key(ep)
     with _engines_lock:
         eng = _engines.get(key)
         if eng is None:
             try:
-                tuning = _tuning(ep) if tunable else None
+                tuning = _tuning(ep) if o.tunable_op_enable else None
                 eng = LtGemm(xp, ep.ordinal, bool(o.use_tf32), tuning)
             except ImportError as e:
                 if not _warned_no_nvmath:
