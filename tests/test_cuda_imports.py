@@ -304,11 +304,11 @@ def test_a_failed_background_import_is_raised_where_the_modules_are_needed(blas,
     with pytest.raises(ModuleNotFoundError, match="no_such_module_onnxplug_test"):
         bg.modules()
 
+    from onnxplug_cuda.options import parse_options
+
     class Ep:
         ordinal = 0
-
-        class options:
-            use_tf32 = False
+        options = parse_options({"use_tf32": "0"}, "CUDAExecutionProvider")
 
         class backend:
             xp = object()  # a GPU array module: not numpy

@@ -10,11 +10,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
 
-from onnxplug_cuda import cache, dnn
+from onnxplug_cuda import blas, cache, dnn
 
 # a child process finds the plugin where this one does (tests/conftest.py may have put it there)
 PLUGIN_PATH = os.path.dirname(os.path.dirname(os.path.abspath(dnn.__file__)))
@@ -422,3 +423,80 @@ def test_importing_the_plugin_sets_the_kernel_cache_folder(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == str(tmp_path / "kernels")
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMM tuning (tunable_op_*): which of cuBLASLt's heuristic candidates a signature runs
+
+
+def _gemm_tuning(tmp_path, tune: bool = True) -> blas.GemmTuning:
+    return blas.GemmTuning(tune, 0.0, dnn.TuningCache(str(tmp_path), "fp", prefix="gemm"))
+
+
+def test_a_gemm_signature_is_tuned_once_and_kept(tmp_path):
+    """Tuning times the candidates on the first call of a signature, runs the fastest, and
+    keeps it: later calls in the process do not time again, and a new process (a new
+    tuning over the same cache file) runs the same candidate without timing."""
+    timed = []
+
+    def timer() -> dict[int, float]:
+        timed.append(1)
+        return {0: 0.010, 1: 0.007, 2: float("inf"), 3: 0.009}
+
+    t = _gemm_tuning(tmp_path)
+    assert t.choose("k", 4, timer, capturing=False) == 1
+    assert t.choose("k", 4, timer, capturing=False) == 1 and len(timed) == 1
+    t.cache.flush()
+    again = _gemm_tuning(tmp_path)
+    hits = blas.stats["tuning_cache_hits"]
+    assert again.choose("k", 4, timer, capturing=False) == 1 and len(timed) == 1
+    assert blas.stats["tuning_cache_hits"] == hits + 1
+    assert again.cache.path.endswith(".json") and "gemm-" in again.cache.path
+
+
+@pytest.mark.parametrize("case", ["capturing", "no timer", "one candidate", "not tuning"])
+def test_an_untunable_first_call_fixes_the_heuristics_choice_for_the_process(tmp_path, case):
+    """Where the first call of a signature cannot be timed (a capture, an accumulating call,
+    one candidate) or tuning is off, it runs candidate 0, and so does every later call in the
+    process (eager, prepared and replayed runs agree), with nothing written to the cache."""
+    t = _gemm_tuning(tmp_path, tune=case != "not tuning")
+    count = 1 if case == "one candidate" else 3
+    timer = None if case == "no timer" else (lambda: {0: 0.01, 1: 0.001, 2: 0.02})
+    assert t.choose("k", count, timer, capturing=case == "capturing") == 0
+    assert t.choose("k", count, lambda: {1: 0.0001}, capturing=False) == 0
+    assert t.cache.get("k") is None
+
+
+def test_a_cached_choice_for_another_candidate_list_is_ignored(tmp_path):
+    t = _gemm_tuning(tmp_path)
+    t.cache.put("k", [5, 8, 0.01])  # written where the heuristic returned 8 candidates
+    assert t.choose("k", 4, lambda: {0: 0.02, 3: 0.01}, capturing=False) == 3
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{}, {"tunable_op_enable": "1", "tunable_op_tuning_enable": "1", "tuning_cache_dir": "off"}],
+)
+def test_a_providers_gemm_engine_is_found_under_the_key_it_was_made_with(monkeypatch, given):
+    """``engine_for`` files a provider's GEMM engine under ``engine_key`` (device, TF32 and the
+    tuning options), and ``device_objects`` looks it up by the same key."""
+    from onnxplug_cuda.ep import CudaEp
+    from onnxplug_cuda.options import parse_options
+
+    class Engine:
+        def __init__(self, xp, ordinal, use_tf32, tuning=None):
+            self.ordinal, self.tuning = ordinal, tuning
+
+    monkeypatch.setattr(blas, "LtGemm", Engine)
+    monkeypatch.setattr(blas, "_engines", {})
+    monkeypatch.setattr(blas, "_tuning", lambda ep: "tuning")
+    ep = object.__new__(CudaEp)
+    ep.ordinal, ep.options = 0, parse_options(given, "CUDAExecutionProvider")
+    ep.backend = SimpleNamespace(xp=object())  # not numpy: the GPU's path
+    eng = blas.engine_for(ep)
+    assert blas._engines == {blas.engine_key(ep): eng}
+    assert (eng.tuning is not None) == bool(given)
+    ep.backend.ordinal = 0
+    ep._external = ep._shared = ep._unified = None
+    ep._lock, ep._streams, ep._graphs = threading.Lock(), [], {}
+    assert [o for kind, _, o in ep.device_objects() if kind == "gemm engine"] == [eng]

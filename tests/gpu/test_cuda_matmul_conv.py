@@ -211,6 +211,53 @@ def test_gemm_float16(trans_a, trans_b, c_shape):
     _check(_model("Gemm", feeds, opset=13, transA=trans_a, transB=trans_b), feeds, np.float16)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("c_shape", [None, (768,)], ids=["MatMul", "Gemm+bias"])
+def test_tunable_op_tunes_each_gemm_once_and_keeps_its_choice(
+    monkeypatch, tmp_path, dtype, c_shape
+):
+    """``tunable_op_enable`` + ``tunable_op_tuning_enable``: a GEMM's cuBLASLt candidates are
+    timed on its first call, the fastest runs from then on (the first run, the prepared run
+    and the replay agree bit for bit, and match the CPU), and the choice is kept in the tuning
+    cache: a new engine (a new process) runs it without timing, with the same bits."""
+    from onnxplug_cuda import blas
+
+    rng = np.random.default_rng(9)
+    feeds = {"a": _rand(rng, (128, 3072), dtype), "b": _rand(rng, (3072, 768), dtype)}
+    if c_shape is None:
+        model = _model("MatMul", feeds)
+    else:
+        feeds["c"] = _rand(rng, c_shape, dtype)
+        model = _model("Gemm", feeds, opset=13)
+    opts = {
+        "tunable_op_enable": "1",
+        "tunable_op_tuning_enable": "1",
+        "tuning_cache_dir": str(tmp_path),
+        "enable_cuda_graph": "1",
+    }
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, feeds)[0].astype(np.float64)
+
+    def run() -> tuple[list[np.ndarray], int, int]:
+        monkeypatch.setattr(blas, "_engines", {})  # a new engine, as in a new process
+        before = dict(blas.stats)
+        sess = ox.InferenceSession(model, providers=[(CUDA, opts), CPU])
+        ys = [sess.run(None, feeds)[0] for _ in range(3)]  # first run, capture, replay
+        for eng in blas._engines.values():
+            eng.tuning.cache.flush()
+        tuned = blas.stats["tuned"] - before["tuned"]
+        return ys, tuned, blas.stats["tuning_cache_hits"] - before["tuning_cache_hits"]
+
+    ys, tuned, hits = run()
+    assert tuned == 1 and hits == 0
+    np.testing.assert_array_equal(ys[0], ys[1])
+    np.testing.assert_array_equal(ys[1], ys[2])
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(ys[0].astype(np.float64), want, rtol=1e-2, atol=1e-2 * scale)
+    again, tuned, hits = run()
+    assert tuned == 0 and hits == 1
+    np.testing.assert_array_equal(again[0], ys[0])
+
+
 def test_gemm_opset7_requires_c():
     rng = np.random.default_rng(5)
     feeds = {

@@ -33,7 +33,7 @@ from .runtime import BackgroundImport, make_primary_context_current
 
 # Calls per path, for tests and diagnostics (which engine really ran); a prepared call counts
 # once, when it is prepared.
-stats = {"cublaslt": 0, "xp": 0, "warm_queries": 0}
+stats = {"cublaslt": 0, "xp": 0, "warm_queries": 0, "tuned": 0, "tuning_cache_hits": 0}
 
 EPILOGUES = ("RELU", "GELU", "BIAS", "RELU_BIAS", "GELU_BIAS")
 
@@ -239,6 +239,64 @@ def _alignments(geo: Any, ptrs: tuple[int, int, int, int]) -> tuple[int, int, in
     )
 
 
+class GemmTuning:
+    """onnxruntime's TunableOp for the GEMMs (``tunable_op_enable``, ``tunable_op_tuning_enable``,
+    ``tunable_op_max_tuning_duration_ms``): which of cuBLASLt's heuristic candidates a GEMM
+    signature runs. Enabled, a signature runs the candidate its tuning result names (the
+    tuning cache on disk, per device, driver and cuBLASLt version), else the heuristic's first;
+    with tuning enabled too, a signature without a result has its candidates timed on its
+    first call (GPU time of back-to-back calls, as cuDNN's EXHAUSTIVE search times plans, the
+    host's enqueueing bounded by the duration option) and the fastest is kept. Each signature
+    is decided once per process, so every call of it (eager, prepared, replayed) runs the same
+    candidate."""
+
+    def __init__(self, tune: bool, budget_ms: float, cache: Any) -> None:
+        self.tune = tune
+        self.budget_ms = budget_ms
+        self.cache = cache
+        self._chosen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def choose(self, key: str, count: int, timer: Any, capturing: bool) -> int:
+        """The candidate (an index into the heuristic's ``count`` results) signature ``key``
+        runs; ``timer()`` gives the candidates' times in ms (None: they cannot be timed now)."""
+        with self._lock:
+            hit = self._chosen.get(key)
+        if hit is not None:
+            return hit
+        index = 0
+        cached = self.cache.get(key)
+        if isinstance(cached, list) and len(cached) == 3 and cached[1] == count:
+            index = int(cached[0])
+            stats["tuning_cache_hits"] += 1
+        elif self.tune and timer is not None and not capturing and count > 1:
+            times = {i: t for i, t in timer().items() if t < float("inf")}
+            if times:
+                index = min(times, key=times.__getitem__)
+                stats["tuned"] += 1
+                self.cache.put(key, [index, count, times[index]])
+        if not 0 <= index < count:
+            index = 0
+        with self._lock:
+            return self._chosen.setdefault(key, index)
+
+
+class _Candidate:
+    """A plan run with another of its heuristic results (what ``_call_args`` reads)."""
+
+    __slots__ = ("algo_ptr", "desc", "la", "lb", "lc", "ld", "ws")
+
+    def __init__(self, plan: Any, algo_ptr: int, ws: int) -> None:
+        self.desc, self.la, self.lb, self.lc, self.ld = (
+            plan.desc,
+            plan.la,
+            plan.lb,
+            plan.lc,
+            plan.ld,
+        )
+        self.algo_ptr, self.ws = algo_ptr, ws
+
+
 def _call_args(stream: Any, geo: Any, plan: Any, sc: tuple, ptrs: tuple, ws_ptr: int) -> list:
     """``cublasLtMatmul``'s arguments, one tuple per batch looped over (``geo.offsets``); the
     library's A is our B and its B our A (see the module docstring)."""
@@ -329,9 +387,10 @@ class LtGemm:
 
     kind = "cublaslt"
 
-    def __init__(self, xp: Any, ordinal: int, use_tf32: bool):
+    def __init__(self, xp: Any, ordinal: int, use_tf32: bool, tuning: GemmTuning | None = None):
         cublasLt, cublas = NVMATH.modules()
 
+        self.tuning = tuning
         self.xp = xp
         self.L = cublasLt
         self.ordinal = ordinal
@@ -480,8 +539,9 @@ class LtGemm:
             return None
         ptrs = _pointers(a, b, out, c)
         bias_ptr = _ptr(bias) if bias is not None else 0
-        plan = self._build(ctx, (*geo.key, *_alignments(geo, ptrs)), bias_ptr)  # the node's own
         sc = self._scalar_ptrs(geo, alpha, beta if c is not None else 0.0)
+        timer = self._timer(ctx, geo, sc, ptrs)
+        plan = self._build(ctx, (*geo.key, *_alignments(geo, ptrs)), bias_ptr, timer)  # its own
         ws_ptr = ctx.workspace(plan.ws) if plan.ws else 0  # the frame's, shared by calls
         calls = _call_args(ctx.stream, geo, plan, sc, ptrs, ws_ptr)
         matmul = self.L.matmul
@@ -671,13 +731,14 @@ class LtGemm:
     ) -> None:
         ptrs = _pointers(a, b, out, c)
         al = _alignments(geo, ptrs)
+        sc = self._scalar_ptrs(geo, alpha, beta if c is not None else 0.0)
         plan = geo.plans.get(al)
         if plan is None:
-            plan = self._plan(ctx, geo, al, _ptr(bias) if bias is not None else 0)
+            timer = self._timer(ctx, geo, sc, ptrs)
+            plan = self._plan(ctx, geo, al, _ptr(bias) if bias is not None else 0, timer)
         if plan is False:
             raise RuntimeError("cuBLASLt has no algorithm for this GEMM (cached)")
         L = self.L
-        sc = self._scalar_ptrs(geo, alpha, beta if c is not None else 0.0)
         ws = ctx.scratch(plan.ws) if plan.ws else None
         ws_ptr = int(ws.ptr) if ws is not None else 0
         bias_ptr = _ptr(bias) if bias is not None else 0
@@ -695,13 +756,50 @@ class LtGemm:
                     L.matmul(*args)
         del ws  # released after the calls were enqueued: its free is ordered on the stream
 
-    def _plan(self, ctx: Any, geo: _Geo, al: tuple, bias_ptr: int) -> _LtPlan | bool:
+    def _timer(self, ctx: Any, geo: _Geo, sc: tuple, ptrs: tuple) -> Any:
+        """What times a GEMM's candidates on its real operands, for online tuning: a function
+        of (plan, heuristic results, count) giving ms per call by candidate index; None where
+        tuning is off or the call cannot be repeated harmlessly (it accumulates into its
+        output, or its output is an operand)."""
+        if self.tuning is None or not self.tuning.tune:
+            return None
+        pa, pb, _, pd = ptrs
+        if geo.key[15] == 2 or pd in (pa, pb):  # mode 2: D accumulates onto itself (C is D)
+            return None
+        L = self.L
+
+        def time_candidates(plan: _LtPlan, results: Any, count: int, pad: int) -> dict:
+            from .dnn import time_calls
+
+            sizes = [int(results["workspace_size"][i]) for i in range(count)]
+            sizes = [n + pad if n else 0 for n in sizes]
+            ws = ctx.scratch(max(sizes)) if max(sizes) else None
+            ws_ptr = int(ws.ptr) if ws is not None else 0
+            calls = {}
+            for i in range(count):
+                cand = _Candidate(plan, results.ctypes.data + i * results.itemsize, sizes[i])
+                argsets = _call_args(ctx.stream, geo, cand, sc, ptrs, ws_ptr)
+
+                def call(argsets: list = argsets) -> None:
+                    for args in argsets:
+                        L.matmul(*args)
+
+                calls[i] = call
+            times = time_calls(ctx, calls, self.tuning.budget_ms if self.tuning else 0.0)
+            del ws  # freed after the timed calls were enqueued, in stream order
+            return times
+
+        return time_candidates
+
+    def _plan(
+        self, ctx: Any, geo: _Geo, al: tuple, bias_ptr: int, timer: Any = None
+    ) -> _LtPlan | bool:
         with self._lock:
             plan = geo.plans.get(al)
             if plan is not None:
                 return plan
         try:
-            plan = self._build(ctx, (*geo.key, *al), bias_ptr)
+            plan = self._build(ctx, (*geo.key, *al), bias_ptr, timer)
         except Exception:
             plan = False  # remembered: later calls go straight to the fallback
             raise
@@ -710,7 +808,7 @@ class LtGemm:
                 geo.plans[al] = plan
         return plan
 
-    def _build(self, ctx: Any, key: tuple, bias_ptr: int) -> _LtPlan:
+    def _build(self, ctx: Any, key: tuple, bias_ptr: int, timer: Any = None) -> _LtPlan:
         L = self.L
         (dt, m, n, k, trans_a, trans_b, ra, ca, rb, cb, count, s_a, s_b, s_d, epi, mode) = key[:16]
         ld_a, ld_b, ld_d = key[16:19]  # row strides in elements (0: dense)
@@ -775,14 +873,20 @@ class LtGemm:
             results.ctypes.data,
             found.ctypes.data,
         )
-        if int(found[0]) == 0:
+        count = int(found[0])
+        if count == 0:
             raise RuntimeError(f"no cuBLASLt algorithm for {key[1:]}")
-        plan.algo = results  # the first (best) result's algo struct sits at offset 0
-        plan.algo_ptr = results.ctypes.data
-        ws = int(results["workspace_size"][0])
-        if ws and epi:
-            ws += 16  # nvmath-python pads epilogue workspaces the same way (library issue)
-        plan.ws = ws
+        pad = (
+            16 if epi else 0
+        )  # nvmath-python pads epilogue workspaces the same way (library issue)
+        index = 0  # the heuristic's first (best) result
+        if self.tuning is not None and count > 1:
+            run_timer = None if timer is None else (lambda: timer(plan, results, count, pad))
+            index = self.tuning.choose(repr(key), count, run_timer, ctx.stream.is_capturing())
+        plan.algo = results  # kept alive: the chosen result's algo struct is read in place
+        plan.algo_ptr = results.ctypes.data + index * results.itemsize
+        ws = int(results["workspace_size"][index])
+        plan.ws = ws + pad if ws else 0
         return plan
 
 
@@ -856,6 +960,37 @@ _HOST = HostGemm()
 _warned_no_nvmath = False
 
 
+def _tuning(ep: Any) -> GemmTuning:
+    """The GEMM tuning of a provider's options (``tunable_op_enable`` set); its results are
+    kept with cuDNN's in the tuning cache folder, per device, driver and cuBLASLt version."""
+    import cupy
+
+    from .cache import TuningCache, cache_folder
+
+    o = ep.options
+    L, _ = NVMATH.modules()
+    props = cupy.cuda.runtime.getDeviceProperties(ep.ordinal)
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    fingerprint = (
+        f"{name} sm{props['major']}{props['minor']} driver {cupy.cuda.runtime.driverGetVersion()}"
+        f" cublasLt {L.get_version()} timing 1"
+    )
+    cache = TuningCache(cache_folder(o.tuning_cache_dir), fingerprint, prefix="cublaslt-gemm")
+    return GemmTuning(
+        bool(o.tunable_op_tuning_enable), float(o.tunable_op_max_tuning_duration_ms), cache
+    )
+
+
+def engine_key(ep: Any) -> tuple:
+    """Which GEMM engine a provider instance shares (``_engines``): its device and the options
+    that change how its GEMMs are planned."""
+    o = ep.options
+    tunable = bool(o.tunable_op_enable)
+    key = (ep.ordinal, bool(o.use_tf32), tunable, bool(o.tunable_op_tuning_enable))
+    return key + (int(o.tunable_op_max_tuning_duration_ms), o.tuning_cache_dir if tunable else None)
+
+
 def engine_for(ep: Any) -> Any:
     """The GEMM engine of a provider instance: numpy under the simulation, cuBLASLt on the GPU,
     CuPy's matmul (with a warning, once) when nvmath-python cannot be imported."""
@@ -863,12 +998,14 @@ def engine_for(ep: Any) -> Any:
     xp = ep.backend.xp
     if xp is np:
         return _HOST
-    key = (ep.ordinal, bool(ep.options.use_tf32))
+    o = ep.options
+    key = engine_key(ep)
     with _engines_lock:
         eng = _engines.get(key)
         if eng is None:
             try:
-                eng = LtGemm(xp, ep.ordinal, bool(ep.options.use_tf32))
+                tuning = _tuning(ep) if o.tunable_op_enable else None
+                eng = LtGemm(xp, ep.ordinal, bool(o.use_tf32), tuning)
             except ImportError as e:
                 if not _warned_no_nvmath:
                     _warned_no_nvmath = True

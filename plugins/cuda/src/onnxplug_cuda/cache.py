@@ -46,9 +46,9 @@ class TuningCache:
     of key -> result, read once and written back (merged with what other processes wrote, by an
     atomic rename) at exit."""
 
-    def __init__(self, folder: str | None, fingerprint: str):
+    def __init__(self, folder: str | None, fingerprint: str, prefix: str = "cudnn-conv"):
         digest = hashlib.sha1(fingerprint.encode()).hexdigest()[:16]
-        self.path = os.path.join(folder, f"cudnn-conv-{digest}.json") if folder else None
+        self.path = os.path.join(folder, f"{prefix}-{digest}.json") if folder else None
         self.fingerprint = fingerprint
         self.entries: dict[str, Any] = self._read() if self.path else {}
         self.new: dict[str, Any] = {}

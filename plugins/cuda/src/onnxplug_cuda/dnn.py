@@ -76,12 +76,14 @@ search keeps a plan only once it has timed its candidates (not a capture's untim
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
 import time
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -657,8 +659,6 @@ class CudnnConv:
 def _time_plans(ctx: Any, g: Any, ptrs: dict[int, int], built: list[int]) -> dict[int, float]:
     """EXHAUSTIVE search: the GPU time per call in ms of each built plan of ``g`` that ran on
     the real buffers (inf where a timed call failed)."""
-    import cupy
-
     sizes = {}
     for i in built:
         try:
@@ -679,11 +679,25 @@ def _time_plans(ctx: Any, g: Any, ptrs: dict[int, int], built: list[int]) -> dic
             continue
     ws_ptr = int(ws.ptr) if ws is not None else 0
     handle = ctx.stream.cudnn
+    calls = {i: functools.partial(g._execute_plan_at_index, ptrs, ws_ptr, i, handle) for i in sizes}
+    times = time_calls(ctx, calls)
+    del ws
+    return times
+
+
+def time_calls(
+    ctx: Any, calls: dict[int, Callable[[], None]], budget_ms: float = 0.0
+) -> dict[int, float]:
+    """The GPU time per call in ms of each candidate call on the context's stream (inf where a
+    timed call failed; left out where its first, untimed call failed, or, with ``budget_ms``,
+    once the host had spent that long enqueueing the candidates before it)."""
+    import cupy
+
     stream = ctx.stream.cupy_stream
     usable = []
-    for i in sizes:  # a first call each, untimed: it loads the plan's kernels (host time)
+    for i, call in calls.items():  # a first call each, untimed: it loads the kernels (host time)
         try:
-            g._execute_plan_at_index(ptrs, ws_ptr, i, handle)
+            call()
         except Exception:
             continue
         usable.append(i)
@@ -699,16 +713,20 @@ def _time_plans(ctx: Any, g: Any, ptrs: dict[int, int], built: list[int]) -> dic
         # plans 6.2 us; 30 of 43 picks changed, and the picks' GPU time fell from 326 to
         # 294 us (scripts/debug/conv_timing.py). The host releases the hold when done:
         # a fixed hold (2 ms) left the GPU idle for most of it, in each graph's search.
-        marks = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in usable]
+        marks = []
         flag[0] = 0
         t0 = time.perf_counter()
         _hold_gpu(ctx.stream.handle, cap_ns, release.ptr)
         try:
-            for i, (start, end) in zip(usable, marks):
+            for i in usable:
+                if budget_ms and marks and (time.perf_counter() - t0) * 1e3 > budget_ms:
+                    break
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                marks.append((i, start, end))
                 start.record(stream)
                 try:
                     for _ in range(_TIMED_CALLS):
-                        g._execute_plan_at_index(ptrs, ws_ptr, i, handle)
+                        calls[i]()
                 except Exception:
                     times[i] = math.inf
                 end.record(stream)
@@ -716,13 +734,12 @@ def _time_plans(ctx: Any, g: Any, ptrs: dict[int, int], built: list[int]) -> dic
             host_ns = (time.perf_counter() - t0) * 1e9
             flag[0] = 1
         stream.synchronize()
-        for i, (start, end) in zip(usable, marks):
+        for i, start, end in marks:
             if times.get(i) != math.inf:
                 times[i] = cupy.cuda.get_elapsed_time(start, end) / _TIMED_CALLS
         if host_ns < cap_ns:
             break
         cap_ns = 2 * host_ns  # the hold ended before the host was done: time again
-    del ws
     return times
 
 

@@ -338,8 +338,7 @@ class CudaEp(Ep):
                     out.append((kind, o, handle))
         for exe, st in graphs:
             out.append(("cuda graph", getattr(st, "ordinal", st.device.id), exe))
-        o = self.options
-        gemm = blas._engines.get((self.ordinal, bool(o.use_tf32)))
+        gemm = blas._engines.get(blas.engine_key(self))
         if gemm is not None:
             out.append(("gemm engine", gemm.ordinal, gemm))
         for key, conv in list(dnn._engines.items()):
