@@ -234,3 +234,35 @@ def test_cuda_graph_keeps_a_stream_per_run_frame():
 def test_tuning_without_enable_warns():
     o = parse_options({P + "tunable_op_tuning_enable": "1"}, NAME)
     assert any("no effect" in w for w in o.warnings)
+
+
+@pytest.mark.parametrize(
+    "env,config,want",
+    [
+        ({"ORT_CUDA_TUNABLE_OP_ENABLE": "1"}, {}, (True, False)),
+        ({"ORT_CUDA_TUNABLE_OP_ENABLE": "0"}, {"tunable_op_enable": "1"}, (False, False)),
+        (
+            {"ORT_CUDA_TUNABLE_OP_ENABLE": "1", "ORT_CUDA_TUNABLE_OP_TUNING_ENABLE": "1"},
+            {"tunable_op_tuning_enable": "0"},
+            (True, True),
+        ),
+    ],
+)
+def test_environment_overrides_the_tunable_op_options(monkeypatch, env, config, want):
+    """As onnxruntime's CUDA provider does: ORT_CUDA_TUNABLE_OP_ENABLE and
+    ORT_CUDA_TUNABLE_OP_TUNING_ENABLE ("0" or "1") override the options."""
+    for var in ("ORT_CUDA_TUNABLE_OP_ENABLE", "ORT_CUDA_TUNABLE_OP_TUNING_ENABLE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    o = parse_options({P + k: v for k, v in config.items()}, NAME)
+    assert (o.tunable_op_enable, o.tunable_op_tuning_enable) == want
+
+
+def test_a_bad_tunable_op_environment_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("ORT_CUDA_TUNABLE_OP_TUNING_ENABLE", "yes")
+    with pytest.raises(
+        InvalidArgument,
+        match="ORT_CUDA_TUNABLE_OP_TUNING_ENABLE='yes'.*'tunable_op_tuning_enable'",
+    ):
+        parse_options({}, NAME)

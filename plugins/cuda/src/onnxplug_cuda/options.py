@@ -16,6 +16,7 @@ a session creates it (see factory.py).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -295,6 +296,14 @@ def lookup(
     return None
 
 
+# Environment variables that override the TunableOp options, as in onnxruntime's CUDA provider
+# (OverrideTunableOpInfoByEnv): "0" or "1".
+TUNABLE_OP_ENV = {
+    "tunable_op_enable": "ORT_CUDA_TUNABLE_OP_ENABLE",
+    "tunable_op_tuning_enable": "ORT_CUDA_TUNABLE_OP_TUNING_ENABLE",
+}
+
+
 def parse_options(
     config: Mapping[str, str], provider_name: str, objects: Mapping[str, Any] | None = None
 ) -> CudaOptions:
@@ -337,6 +346,15 @@ def parse_options(
             "CUDA provider options 'user_compute_stream' and 'gpu_external_alloc'/'gpu_external_free' "
             "cannot be combined (as in onnxruntime)"
         )
+    for key, var in TUNABLE_OP_ENV.items():  # onnxruntime's overrides of the options
+        env = os.environ.get(var)
+        if env is not None:
+            if env not in ("0", "1"):
+                raise InvalidArgument(
+                    f"environment variable {var}={env!r} must be 0 or 1 (it overrides CUDA "
+                    f"provider option '{key}')"
+                )
+            values[key] = env == "1"
     if values.get("tunable_op_tuning_enable") and not values.get("tunable_op_enable"):
         warnings.append(
             "TunableOp is enabled for tuning but is not enabled for using. This will have no effect."
