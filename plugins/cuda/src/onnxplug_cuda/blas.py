@@ -287,13 +287,8 @@ class _Candidate:
     __slots__ = ("algo_ptr", "desc", "la", "lb", "lc", "ld", "ws")
 
     def __init__(self, plan: Any, algo_ptr: int, ws: int) -> None:
-        self.desc, self.la, self.lb, self.lc, self.ld = (
-            plan.desc,
-            plan.la,
-            plan.lb,
-            plan.lc,
-            plan.ld,
-        )
+        self.desc = plan.desc
+        self.la, self.lb, self.lc, self.ld = plan.la, plan.lb, plan.lc, plan.ld
         self.algo_ptr, self.ws = algo_ptr, ws
 
 
@@ -761,7 +756,8 @@ class LtGemm:
         of (plan, heuristic results, count) giving ms per call by candidate index; None where
         tuning is off or the call cannot be repeated harmlessly (it accumulates into its
         output, or its output is an operand)."""
-        if self.tuning is None or not self.tuning.tune:
+        tuning = self.tuning
+        if tuning is None or not tuning.tune:
             return None
         pa, pb, _, pd = ptrs
         if geo.key[15] == 2 or pd in (pa, pb):  # mode 2: D accumulates onto itself (C is D)
@@ -785,7 +781,7 @@ class LtGemm:
                         L.matmul(*args)
 
                 calls[i] = call
-            times = time_calls(ctx, calls, self.tuning.budget_ms if self.tuning else 0.0)
+            times = time_calls(ctx, calls, tuning.budget_ms)
             del ws  # freed after the timed calls were enqueued, in stream order
             return times
 
@@ -876,9 +872,8 @@ class LtGemm:
         count = int(found[0])
         if count == 0:
             raise RuntimeError(f"no cuBLASLt algorithm for {key[1:]}")
-        pad = (
-            16 if epi else 0
-        )  # nvmath-python pads epilogue workspaces the same way (library issue)
+        # nvmath-python pads epilogue workspaces the same way (library issue)
+        pad = 16 if epi else 0
         index = 0  # the heuristic's first (best) result
         if self.tuning is not None and count > 1:
             run_timer = None if timer is None else (lambda: timer(plan, results, count, pad))
