@@ -678,3 +678,29 @@ def test_optimized_model_runs_in_onnxruntime(tmp_path):
     np.testing.assert_allclose(
         theirs.run(None, feeds)[0], s.run(None, feeds)[0], rtol=1e-5, atol=1e-4
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.sampled_from([(4, 3, 3, 3), (8, 2, 1, 1), (5, 7)]),
+)
+def test_weights_scaled_per_channel_are_within_an_ulp_of_float64(dtype, seed, shape):
+    """The BatchNormalization fold scales W per output channel in W's type (float16 in
+    float32), not through a float64 copy of W: each weight is within one unit in the last
+    place of the product computed in float64 and rounded once, and float64 is exact."""
+    from onnxplug.optimizer.conv import _per_channel_scaled
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(shape).astype(dtype)
+    factor = rng.uniform(0.01, 10.0, shape[0])
+    got = _per_channel_scaled(w, factor)
+    exact = w.astype(np.float64) * factor.reshape(-1, *([1] * (w.ndim - 1)))
+    assert got.dtype == w.dtype and got.shape == w.shape
+    rounded = exact.astype(dtype)
+    if dtype == np.float64:
+        np.testing.assert_array_equal(got, rounded)
+    else:
+        ulp = np.spacing(np.abs(rounded)).astype(np.float64)
+        assert np.all(np.abs(got.astype(np.float64) - rounded.astype(np.float64)) <= ulp)
