@@ -10,6 +10,7 @@ exports them (needs torch, torchvision and transformers)::
 
     python benchmarks/threads.py                                 # CUDA, both models
     python benchmarks/threads.py --models bert_base --threads 1,4 --seconds 10
+    python benchmarks/threads.py --graphs on --fp16 --threads 1,4 --repeats 5  # medians of 5
     python benchmarks/threads.py --iobinding --graphs on       # device inputs and outputs
     python benchmarks/threads.py --graphs on --gpu-bound       # and the GPU's own bound
     python benchmarks/threads.py --graphs on --fp16            # the float16 conversions
@@ -232,6 +233,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="timed seconds per cell")
     ap.add_argument("--warmup", type=int, default=5, help="runs per thread before timing")
     ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed windows per cell, the thread counts taking turns; a cell is their median",
+    )
+    ap.add_argument(
         "--graphs", choices=("both", "off", "on"), default=None, help="CUDA graphs (CUDA: both)"
     )
     ap.add_argument(
@@ -255,6 +262,8 @@ def main() -> int:
     cuda_options = _models().parse_options(args.cuda_options)
     if cuda_options and provider != CUDA:
         ap.error("--cuda-options are the CUDA provider's")
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     threads = [int(t) for t in args.threads.split(",")]
     graphs = args.graphs or ("both" if provider == CUDA else "off")
     modes = {"both": [False, True], "off": [False], "on": [True]}[graphs]
@@ -296,14 +305,17 @@ def main() -> int:
         for graph in modes:
             sess = session(path, provider, graph, args.session_config, cuda_options)
             want = sess.run(None, feeds)  # sequential reference (captures, with graphs)
-            cells: dict[int, float] = {}
+            samples: dict[int, list[float]] = {t: [] for t in threads}
             identical = True
-            for t in threads:
-                ips, same = throughput(
-                    sess, feeds, t, args.seconds, args.warmup, want, args.iobinding
-                )
-                cells[t] = ips
-                identical = identical and same
+            for r in range(args.repeats):
+                # the thread counts take turns, so that a slow spell of the host falls on all
+                for t in threads[r % len(threads) :] + threads[: r % len(threads)]:
+                    ips, same = throughput(
+                        sess, feeds, t, args.seconds, args.warmup, want, args.iobinding
+                    )
+                    samples[t].append(ips)
+                    identical = identical and same
+            cells = {t: float(np.median(v)) for t, v in samples.items()}
             row = [label, "on" if graph else "off"] + [f"{cells[t]:.1f}" for t in threads]
             if 1 in threads and len(threads) > 1:
                 row += [f"{cells[t] / cells[1]:.2f}x" for t in threads if t != 1]
@@ -314,6 +326,7 @@ def main() -> int:
                     "model": label,
                     "graphs": graph,
                     "inferences_per_s": {str(t): cells[t] for t in threads},
+                    "samples": {str(t): samples[t] for t in threads},
                     "bit_identical": identical,
                 }
             )
