@@ -281,6 +281,13 @@ class GemmTuning:
             return self._chosen.setdefault(key, index)
 
 
+def _workspace(results: Any, i: int, pad: int) -> int:
+    """The workspace bytes heuristic result ``i`` asks for, padded by ``pad`` where it asks for
+    any (nvmath-python pads epilogue workspaces the same way: a library issue)."""
+    ws = int(results["workspace_size"][i])
+    return ws + pad if ws else 0
+
+
 class _Candidate:
     """A plan run with another of its heuristic results (what ``_call_args`` reads)."""
 
@@ -767,8 +774,7 @@ class LtGemm:
         def time_candidates(plan: _LtPlan, results: Any, count: int, pad: int) -> dict:
             from .dnn import time_calls
 
-            sizes = [int(results["workspace_size"][i]) for i in range(count)]
-            sizes = [n + pad if n else 0 for n in sizes]
+            sizes = [_workspace(results, i, pad) for i in range(count)]
             ws = ctx.scratch(max(sizes)) if max(sizes) else None
             ws_ptr = int(ws.ptr) if ws is not None else 0
             calls = {}
@@ -872,16 +878,14 @@ class LtGemm:
         count = int(found[0])
         if count == 0:
             raise RuntimeError(f"no cuBLASLt algorithm for {key[1:]}")
-        # nvmath-python pads epilogue workspaces the same way (library issue)
-        pad = 16 if epi else 0
+        pad = 16 if epi else 0  # see _workspace
         index = 0  # the heuristic's first (best) result
         if self.tuning is not None and count > 1:
             run_timer = None if timer is None else (lambda: timer(plan, results, count, pad))
             index = self.tuning.choose(repr(key), count, run_timer, ctx.stream.is_capturing())
         plan.algo = results  # kept alive: the chosen result's algo struct is read in place
         plan.algo_ptr = results.ctypes.data + index * results.itemsize
-        ws = int(results["workspace_size"][index])
-        plan.ws = ws + pad if ws else 0
+        plan.ws = _workspace(results, index, pad)
         return plan
 
 
@@ -958,19 +962,11 @@ _warned_no_nvmath = False
 def _tuning(ep: Any) -> GemmTuning:
     """The GEMM tuning of a provider's options (``tunable_op_enable`` set); its results are
     kept with cuDNN's in the tuning cache folder, per device, driver and cuBLASLt version."""
-    import cupy
-
-    from .cache import TuningCache, cache_folder
+    from .cache import TuningCache, cache_folder, device_fingerprint
 
     o = ep.options
     L, _ = NVMATH.modules()
-    props = cupy.cuda.runtime.getDeviceProperties(ep.ordinal)
-    name = props["name"]
-    name = name.decode() if isinstance(name, bytes) else str(name)
-    fingerprint = (
-        f"{name} sm{props['major']}{props['minor']} driver {cupy.cuda.runtime.driverGetVersion()}"
-        f" cublasLt {L.get_version()} timing 1"
-    )
+    fingerprint = f"{device_fingerprint(ep.ordinal)} cublasLt {L.get_version()} timing 1"
     cache = TuningCache(cache_folder(o.tuning_cache_dir), fingerprint, prefix="cublaslt-gemm")
     return GemmTuning(
         bool(o.tunable_op_tuning_enable), float(o.tunable_op_max_tuning_duration_ms), cache

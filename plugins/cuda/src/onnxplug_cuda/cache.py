@@ -2,8 +2,9 @@
 ``$ONNXPLUG_CACHE_DIR``, else ``~/.cache/onnxplug`` (``$XDG_CACHE_HOME``); ``off`` (or an empty
 ``$ONNXPLUG_CACHE_DIR``) turns them off.
 
-* ``TuningCache``: cuDNN autotune results (the winning plan per convolution and its time), one
-  JSON file per device, driver and library versions.
+* ``TuningCache``: autotune results (cuDNN's winning plan per graph and its time, cuBLASLt's
+  winning candidate per GEMM signature with ``tunable_op_enable``), one JSON file per device,
+  driver and library versions.
 * ``PlanCache``: cuDNN execution plans as the frontend serializes them (``Graph::serialize``: the
   plan's engine configuration and, for a runtime-compiled engine, its compiled kernel), one file
   per graph, so that a later process deserializes the plan it runs instead of building the
@@ -39,6 +40,19 @@ def cache_folder(option: str) -> str | None:
     if value.strip().lower() in _OFF:
         return None
     return os.path.expanduser(value)
+
+
+def device_fingerprint(ordinal: int) -> str:
+    """The device and driver a tuning result holds for (the name, compute capability and
+    driver version of device ``ordinal``); each cache adds its library's versions."""
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(ordinal)
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return (
+        f"{name} sm{props['major']}{props['minor']} driver {cupy.cuda.runtime.driverGetVersion()}"
+    )
 
 
 class TuningCache:

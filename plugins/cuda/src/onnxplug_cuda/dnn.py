@@ -90,7 +90,7 @@ from typing import Any
 import numpy as np
 
 from .blas import BF16
-from .cache import PlanCache, TuningCache, cache_folder
+from .cache import PlanCache, TuningCache, cache_folder, device_fingerprint
 from .compiler import ship
 
 # Calls per path (cuDNN graph vs the kernels' own im2col/col2im + GEMM), for tests and diagnostics.
@@ -815,15 +815,9 @@ def _build_candidates(g: Any, limit: int) -> list[int]:
 
 def _fingerprint(cudnn: Any, ordinal: int) -> str:
     """What a tuning result depends on besides the graph: device, driver and library versions."""
-    import cupy
-
-    props = cupy.cuda.runtime.getDeviceProperties(ordinal)
-    name = props["name"]
-    name = name.decode() if isinstance(name, bytes) else str(name)
     return (
-        f"{name} sm{props['major']}{props['minor']} driver {cupy.cuda.runtime.driverGetVersion()}"
-        f" cudnn {cudnn.backend_version()} frontend {getattr(cudnn, '__version__', '?')}"
-        f" timing {_TIMING_METHOD}"
+        f"{device_fingerprint(ordinal)} cudnn {cudnn.backend_version()}"
+        f" frontend {getattr(cudnn, '__version__', '?')} timing {_TIMING_METHOD}"
     )
 
 
