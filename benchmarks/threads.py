@@ -31,12 +31,14 @@ Any model on any provider (inputs are random, unfixed dims 1 unless ``--dim`` se
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -170,15 +172,14 @@ def throughput(
     return sum(counts) / elapsed, all(same)
 
 
-def gpu_bound(sess: Any, feeds: dict[str, Any], streams: list[int], runs: int = 300) -> dict:
-    """Inferences per second of k graphs replayed concurrently (k in ``streams``): k threads
-    capture their own graphs of ``sess`` and keep them (a thread's graphs go with it) while
-    this thread launches them round-robin, each on its own stream, and waits once at the end.
-    Reads the CUDA provider's captured graphs: a measurement of the GPU, not an API."""
-    import cupy
-
-    k_max = max(streams)
-    hold, ready = threading.Event(), threading.Barrier(k_max + 1)
+@contextlib.contextmanager
+def held_graphs(
+    sess: Any, feeds: dict[str, Any], k: int
+) -> Iterator[tuple[Any, list[tuple[int, int]]]]:
+    """k threads capture their own CUDA graphs of ``sess`` and hold them (a thread's graphs go
+    with it) until the block ends; yields the CUDA provider and the (graph exec, stream
+    handle) of each thread. Reads the provider's captured graphs: a measurement tool."""
+    hold, ready = threading.Event(), threading.Barrier(k + 1)
     errors: list[BaseException] = []
 
     def worker() -> None:
@@ -190,7 +191,7 @@ def gpu_bound(sess: Any, feeds: dict[str, Any], streams: list[int], runs: int = 
         ready.wait()
         hold.wait()
 
-    ts = [threading.Thread(target=worker, daemon=True) for _ in range(k_max)]
+    ts = [threading.Thread(target=worker, daemon=True) for _ in range(k)]
     for t in ts:
         t.start()
     ready.wait()
@@ -198,29 +199,59 @@ def gpu_bound(sess: Any, feeds: dict[str, Any], streams: list[int], runs: int = 
         if errors:
             raise errors[0]
         ep = next(e for e in sess._eps if e.name == CUDA)
-        graphs = list(ep._graphs.values())  # (graph exec, stream) per thread that captured
-        if len({stream.handle for _, stream in graphs}) < k_max:
-            raise RuntimeError(f"{len(graphs)} graphs captured for {k_max} threads")
-        out = {}
-        with ep.device_guard():
-            for k in streams:
-                chosen = [(exe, stream.handle) for exe, stream in graphs[:k]]
-                n = max(50, runs // k)
-                for launch in (1, n):  # a first round untimed
-                    cupy.cuda.Device().synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(launch):
-                        for exe, handle in chosen:
-                            err = ep.backend.launch_graph(exe, handle)
-                            if err:
-                                raise RuntimeError(err)
-                    cupy.cuda.Device().synchronize()
-                out[k] = n * k / (time.perf_counter() - t0)
-        return out
+        graphs = [(exe, stream.handle) for exe, stream in ep._graphs.values()]
+        if len({handle for _, handle in graphs}) < k:
+            raise RuntimeError(f"{len(graphs)} graphs captured for {k} threads")
+        yield ep, graphs
     finally:
         hold.set()
         for t in ts:
             t.join()
+
+
+def replay_rate(ep: Any, chosen: list[tuple[int, int]], rounds: int) -> float:
+    """Inferences per second of ``rounds`` rounds of the ``chosen`` graphs launched
+    round-robin, each on its own stream, the device synchronised before and after."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for exe, handle in chosen:
+            err = ep.backend.launch_graph(exe, handle)
+            if err:
+                raise RuntimeError(err)
+    cupy.cuda.Device().synchronize()
+    return rounds * len(chosen) / (time.perf_counter() - t0)
+
+
+def gpu_occupancy(spans: list[tuple[float, float]]) -> tuple[float, float]:
+    """Of traced kernels' (start, end) times: the fraction of the traced time the GPU ran at
+    least one, and how many it ran at once on average while it ran any."""
+    spans = sorted(spans)
+    union, (cs, ce) = 0.0, spans[0]
+    for s, e in spans[1:]:
+        if s > ce:
+            union += ce - cs
+            cs, ce = s, e
+        else:
+            ce = max(ce, e)
+    union += ce - cs
+    total = sum(e - s for s, e in spans)
+    return union / (max(e for _, e in spans) - spans[0][0]), total / union
+
+
+def gpu_bound(sess: Any, feeds: dict[str, Any], streams: list[int], runs: int = 300) -> dict:
+    """Inferences per second of k graphs replayed concurrently (k in ``streams``): k threads
+    capture their own graphs of ``sess`` and hold them while this thread launches them
+    round-robin, each on its own stream, and waits once at the end: a measurement of the
+    GPU, not an API."""
+    out = {}
+    with held_graphs(sess, feeds, max(streams)) as (ep, graphs), ep.device_guard():
+        for k in streams:
+            replay_rate(ep, graphs[:k], 1)  # a first round untimed
+            out[k] = replay_rate(ep, graphs[:k], max(50, runs // k))
+    return out
 
 
 def main() -> int:

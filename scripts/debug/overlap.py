@@ -17,14 +17,13 @@ import argparse
 import collections
 import os
 import sys
-import threading
-import time
 from typing import Any
 
 import onnxplug as ox
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import models
+import threads
 
 CUDA = "CUDAExecutionProvider"
 
@@ -48,51 +47,13 @@ def patch_sm_target(n: int) -> None:
     lt.matmul_desc_create = desc_create
 
 
-def capture(sess: Any, feeds: dict, k: int) -> tuple[list, Any, threading.Event, list]:
-    hold, ready = threading.Event(), threading.Barrier(k + 1)
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            for _ in range(3):
-                sess.run(None, feeds)
-        except BaseException as e:
-            errors.append(e)
-        ready.wait()
-        hold.wait()
-
-    ts = [threading.Thread(target=worker, daemon=True) for _ in range(k)]
-    for t in ts:
-        t.start()
-    ready.wait()
-    if errors:
-        raise errors[0]
-    ep = next(e for e in sess._eps if e.name == CUDA)
-    graphs = [(exe, stream.handle) for exe, stream in ep._graphs.values()]
-    return graphs, ep, hold, ts
-
-
-def replay(ep: Any, chosen: list, rounds: int) -> float:
-    import cupy
-
-    cupy.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        for exe, handle in chosen:
-            err = ep.backend.launch_graph(exe, handle)
-            if err:
-                raise RuntimeError(err)
-    cupy.cuda.Device().synchronize()
-    return rounds * len(chosen) / (time.perf_counter() - t0)
-
-
 def traced(ep: Any, chosen: list, rounds: int) -> tuple[dict[str, float], float, float]:
     """µs per inference per kernel name, the GPU's busy fraction and mean concurrency."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        replay(ep, chosen, rounds)
+        threads.replay_rate(ep, chosen, rounds)
         torch.cuda.synchronize()
     per: dict[str, float] = collections.defaultdict(float)
     spans = []
@@ -100,17 +61,7 @@ def traced(ep: Any, chosen: list, rounds: int) -> tuple[dict[str, float], float,
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
             per[e.name] += e.device_time / (rounds * len(chosen))
             spans.append((e.time_range.start, e.time_range.end))
-    spans.sort()
-    union, (cs, ce) = 0.0, spans[0]
-    for s, e in spans[1:]:
-        if s > ce:
-            union += ce - cs
-            cs, ce = s, e
-        else:
-            ce = max(ce, e)
-    union += ce - cs
-    total = sum(e - s for s, e in spans)
-    return per, union / (spans[-1][1] - spans[0][0]), total / union
+    return per, *threads.gpu_occupancy(spans)
 
 
 def kind(name: str) -> str:
@@ -140,22 +91,16 @@ def main() -> int:
     if args.sm_target > 0:
         patch_sm_target(args.sm_target)
     sess = ox.InferenceSession(path, providers=[(CUDA, {"enable_cuda_graph": "1"})])
-    graphs, ep, hold, ts = capture(sess, feeds, max(ks))
     label = f"{args.model}{' fp16' if args.fp16 else ''} sm_target={args.sm_target}"
-    try:
-        with ep.device_guard():
-            rates = {}
-            for k in ks:
-                replay(ep, graphs[:k], 20)
-                rates[k] = max(replay(ep, graphs[:k], max(50, 300 // k)) for _ in range(3))
-            print(f"{label}: inferences/s " + ", ".join(f"k={k} {r:.1f}" for k, r in rates.items())
-                  + f"; {max(ks)}/1 {rates[max(ks)] / rates[min(ks)]:.2f}x", flush=True)  # fmt: skip
-            one, busy1, conc1 = traced(ep, graphs[:1], 20)
-            many, busyk, conck = traced(ep, graphs[: max(ks)], 20)
-    finally:
-        hold.set()
-        for t in ts:
-            t.join()
+    with threads.held_graphs(sess, feeds, max(ks)) as (ep, graphs), ep.device_guard():
+        rates = {}
+        for k in ks:
+            threads.replay_rate(ep, graphs[:k], 20)
+            rates[k] = max(threads.replay_rate(ep, graphs[:k], max(50, 300 // k)) for _ in range(3))
+        print(f"{label}: inferences/s " + ", ".join(f"k={k} {r:.1f}" for k, r in rates.items())
+              + f"; {max(ks)}/1 {rates[max(ks)] / rates[min(ks)]:.2f}x", flush=True)  # fmt: skip
+        one, busy1, conc1 = traced(ep, graphs[:1], 20)
+        many, busyk, conck = traced(ep, graphs[: max(ks)], 20)
     k = max(ks)
     print(f"  k=1: busy {busy1:.0%}, concurrency {conc1:.2f}; k={k}: busy {busyk:.0%}, "
           f"concurrency {conck:.2f}")  # fmt: skip

@@ -22,6 +22,7 @@ from onnxplug.framework import counters
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import models
+import threads
 
 CUDA = "CUDAExecutionProvider"
 
@@ -90,21 +91,12 @@ def timeline(calls: list[Any], seconds: float) -> str:
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
             spans.append((e.time_range.start, e.time_range.end))
-    spans.sort()
     if not spans:
         return "no kernels traced"
-    lo, hi = spans[0][0], max(s[1] for s in spans)
-    union, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
-    for s, e in spans[1:]:
-        if s > cur_e:
-            union += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    union += cur_e - cur_s
-    total = sum(e - s for s, e in spans)
-    return (f"{rate:.0f}/s under the profiler; GPU busy {100 * union / (hi - lo):.0f}% of "
-            f"{(hi - lo) / 1e3:.0f} ms, mean concurrency when busy {total / union:.2f}, "
+    busy, concurrency = threads.gpu_occupancy(spans)
+    traced_ms = (max(e for _, e in spans) - min(s for s, _ in spans)) / 1e3
+    return (f"{rate:.0f}/s under the profiler; GPU busy {100 * busy:.0f}% of "
+            f"{traced_ms:.0f} ms, mean concurrency when busy {concurrency:.2f}, "
             f"{len(spans)} kernels")  # fmt: skip
 
 
