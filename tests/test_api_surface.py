@@ -46,8 +46,6 @@ LEFT_OUT = {
     "SessionOptions.set_load_cancellation_flag": "loading is not cancellable from another thread",
     "set_global_thread_pool_sizes": "no global thread pools: intra_op_num_threads bounds each "
     "session's runs",
-    "InferenceSession.get_tuning_results": "TunableOp results (ROCm/CUDA kernel autotuning)",
-    "InferenceSession.set_tuning_results": "TunableOp results (ROCm/CUDA kernel autotuning)",
     "InferenceSession.set_ep_dynamic_options": "no provider has options that change after "
     "the session is made",
     "InferenceSession.create_ortvalue_from_shape_and_type": "OrtValue.ortvalue_from_shape_and_type "

@@ -283,6 +283,25 @@ def test_gemm_engine_warms_each_element_type_once(blas, monkeypatch, use_tf32):
     assert not L.live  # handle, descriptor, layout and preference destroyed
 
 
+def test_a_gemm_tuning_signature_names_its_types_and_every_part_of_its_plan_key(blas, monkeypatch):
+    """A tuning result's op signature names the element and compute types (so TF32 and
+    strict float32 results of one shape never mix); its params signature is the rest of the
+    plan key, so any part of it that differs makes a different signature."""
+    monkeypatch.setattr(blas, "NVMATH", _fake_nvmath(_FakeCublasLt()))
+    key = (np.dtype("float32"), 128, 768, 3072, False, True, 128, 3072, 768, 3072, 1, 0, 0, 0)
+    key += ("BIAS", 0, 0, 0, 0, 16, 16, 16, 16)
+    tf32 = blas.LtGemm(object(), 0, True).signature(key)
+    strict = blas.LtGemm(object(), 0, False).signature(key)
+    assert tf32 == ("LtGemm<float32,COMPUTE_32F_FAST_TF32>", strict[1])
+    assert strict[0] == "LtGemm<float32,COMPUTE_32F>"
+    assert strict[1] == "128_768_3072_False_True_128_3072_768_3072_1_0_0_0_BIAS_0_0_0_0_16_16_16_16"
+    half = blas.LtGemm(object(), 0, True).signature((np.dtype("float16"), *key[1:]))
+    assert half[0] == "LtGemm<float16,COMPUTE_32F>"
+    for i in range(1, len(key)):
+        other = key[:i] + (8 if key[i] != 8 else 4,) + key[i + 1 :]
+        assert blas.LtGemm(object(), 0, True).signature(other)[1] != tf32[1]
+
+
 def test_a_gemm_warm_up_that_fails_is_left_to_the_first_real_query(blas, monkeypatch):
     """No context on the thread, or a library error: nothing raised and nothing queried (the
     first real query meets the error and reports it)."""

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from onnxplug.ep import TuningResultsManager
 from onnxplug_cuda import blas, cache, dnn
 
 # a child process finds the plugin where this one does (tests/conftest.py may have put it there)
@@ -429,8 +430,9 @@ def test_importing_the_plugin_sets_the_kernel_cache_folder(tmp_path):
 # GEMM tuning (tunable_op_*): which of cuBLASLt's heuristic candidates a signature runs
 
 
-def _gemm_tuning(tmp_path, tune: bool = True) -> blas.GemmTuning:
-    return blas.GemmTuning(tune, 0.0, dnn.TuningCache(str(tmp_path), "fp", prefix="gemm"))
+def _gemm_tuning(tmp_path, tune: bool = True, results=None) -> blas.GemmTuning:
+    cache = dnn.TuningCache(str(tmp_path), "fp", prefix="gemm")
+    return blas.GemmTuning(tune, 0.0, cache, results or TuningResultsManager())
 
 
 def test_a_gemm_signature_is_tuned_once_and_kept(tmp_path):
@@ -444,12 +446,12 @@ def test_a_gemm_signature_is_tuned_once_and_kept(tmp_path):
         return {0: 0.010, 1: 0.007, 2: float("inf"), 3: 0.009}
 
     t = _gemm_tuning(tmp_path)
-    assert t.choose("k", 4, timer, capturing=False) == 1
-    assert t.choose("k", 4, timer, capturing=False) == 1 and len(timed) == 1
+    assert t.choose("op", "k", 4, timer, capturing=False) == 1
+    assert t.choose("op", "k", 4, timer, capturing=False) == 1 and len(timed) == 1
     t.cache.flush()
     again = _gemm_tuning(tmp_path)
     hits = blas.stats["tuning_cache_hits"]
-    assert again.choose("k", 4, timer, capturing=False) == 1 and len(timed) == 1
+    assert again.choose("op", "k", 4, timer, capturing=False) == 1 and len(timed) == 1
     assert blas.stats["tuning_cache_hits"] == hits + 1
     assert again.cache.path.endswith(".json") and "gemm-" in again.cache.path
 
@@ -462,15 +464,47 @@ def test_an_untunable_first_call_fixes_the_heuristics_choice_for_the_process(tmp
     t = _gemm_tuning(tmp_path, tune=case != "not tuning")
     count = 1 if case == "one candidate" else 3
     timer = None if case == "no timer" else (lambda: {0: 0.01, 1: 0.001, 2: 0.02})
-    assert t.choose("k", count, timer, capturing=case == "capturing") == 0
-    assert t.choose("k", count, lambda: {1: 0.0001}, capturing=False) == 0
-    assert t.cache.get("k") is None
+    assert t.choose("op", "k", count, timer, capturing=case == "capturing") == 0
+    assert t.choose("op", "k", count, lambda: {1: 0.0001}, capturing=False) == 0
+    assert t.cache.get("op k") is None
 
 
 def test_a_cached_choice_for_another_candidate_list_is_ignored(tmp_path):
     t = _gemm_tuning(tmp_path)
-    t.cache.put("k", [5, 8, 0.01])  # written where the heuristic returned 8 candidates
-    assert t.choose("k", 4, lambda: {0: 0.02, 3: 0.01}, capturing=False) == 3
+    t.cache.put("op k", [5, 8, 0.01])  # written where the heuristic returned 8 candidates
+    assert t.choose("op", "k", 4, lambda: {0: 0.02, 3: 0.01}, capturing=False) == 3
+
+
+def test_a_given_result_runs_without_timing_and_is_not_written_to_the_cache(tmp_path):
+    """A result the device's results hold (given by ``set_tuning_results``) decides the
+    signature: no timing, no cache entry; one out of this candidate list's range is ignored."""
+    results = TuningResultsManager()
+    results.load({"op": {"k": 2, "far": 9}})
+    t = _gemm_tuning(tmp_path, results=results)
+    hits = blas.stats["tuning_results_hits"]
+
+    def timer() -> dict[int, float]:
+        raise AssertionError("a given result is not timed")
+
+    assert t.choose("op", "k", 4, timer, capturing=False) == 2
+    assert blas.stats["tuning_results_hits"] == hits + 1 and t.cache.get("op k") is None
+    assert t.choose("op", "far", 4, lambda: {0: 0.02, 3: 0.01}, capturing=False) == 3
+    assert results.lookup("op", "far") == 9  # the given id stays what it was given as
+
+
+def test_tuned_and_cached_choices_join_the_devices_results(tmp_path):
+    """What a signature tuned, or found in the cache, is in the device's results (what
+    ``get_tuning_results`` reports); the heuristic's default is not a result."""
+    results = TuningResultsManager()
+    t = _gemm_tuning(tmp_path, results=results)
+    assert t.choose("op", "tuned", 4, lambda: {0: 0.02, 3: 0.01}, capturing=False) == 3
+    t.cache.put("op cached", [1, 4, 0.01])
+    assert t.choose("op", "cached", 4, None, capturing=False) == 1
+    assert t.choose("op", "default", 4, None, capturing=True) == 0
+    assert results.dump() == {"op": {"tuned": 3, "cached": 1}}
+    # another engine of the device (other options) finds them without timing or the cache
+    other = _gemm_tuning(tmp_path / "other", results=results)
+    assert other.choose("op", "tuned", 4, None, capturing=False) == 3
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import capi, errors
+from ._version import __version__
 from .ep.api import API_VERSION
 from .ep.loader import REGISTRY as _REGISTRY
 from .framework import seed as _seed
@@ -50,7 +51,6 @@ from .session.options import (
 )
 from .session.value import OrtValue, Value
 
-__version__ = "0.1.0"
 version = __version__
 package_name = "onnxplug"
 

@@ -17,6 +17,7 @@ reference value):
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import numpy as np
@@ -220,7 +221,7 @@ def test_tunable_op_tunes_each_gemm_once_and_keeps_its_choice(
     timed on its first call, the fastest runs from then on (the first run, the prepared run
     and the replay agree bit for bit, and match the CPU), and the choice is kept in the tuning
     cache: a new engine (a new process) runs it without timing, with the same bits."""
-    from onnxplug_cuda import blas
+    from onnxplug_cuda import blas, tuning
 
     rng = np.random.default_rng(9)
     feeds = {"a": _rand(rng, (128, 3072), dtype), "b": _rand(rng, (3072, 768), dtype)}
@@ -239,6 +240,7 @@ def test_tunable_op_tunes_each_gemm_once_and_keeps_its_choice(
 
     def run() -> tuple[list[np.ndarray], int, int]:
         monkeypatch.setattr(blas, "_engines", {})  # a new engine, as in a new process
+        monkeypatch.setattr(tuning, "_results", {})
         before = dict(blas.stats)
         sess = ox.InferenceSession(model, providers=[(CUDA, opts), CPU])
         ys = [sess.run(None, feeds)[0] for _ in range(3)]  # first run, capture, replay
@@ -256,6 +258,62 @@ def test_tunable_op_tunes_each_gemm_once_and_keeps_its_choice(
     again, tuned, hits = run()
     assert tuned == 0 and hits == 1
     np.testing.assert_array_equal(again[0], ys[0])
+
+
+def test_tuning_results_move_a_gemms_choice_between_processes(monkeypatch, tmp_path):
+    """``get_tuning_results`` reports what a GEMM tuned (its signature, the candidate's index,
+    this device's validators); in a new process (new engines and results, no cache), those
+    results given by ``set_tuning_results``, or embedded in the model, make the GEMM run that
+    candidate without timing, with the same bits."""
+    import onnx
+
+    from onnxplug_cuda import blas, tuning
+
+    rng = np.random.default_rng(11)
+    feeds = {"a": _rand(rng, (128, 3072), np.float16), "b": _rand(rng, (3072, 768), np.float16)}
+    model = _model("MatMul", feeds)
+    use = {"tunable_op_enable": "1", "tuning_cache_dir": "off"}
+
+    def new_process() -> dict[str, int]:
+        monkeypatch.setattr(blas, "_engines", {})
+        monkeypatch.setattr(tuning, "_results", {})
+        return dict(blas.stats)
+
+    new_process()
+    tuner = ox.InferenceSession(
+        model, providers=[(CUDA, {**use, "tunable_op_tuning_enable": "1"}), CPU]
+    )
+    want = tuner.run(None, feeds)[0]
+    (tr,) = tuner.get_tuning_results()
+    assert tr["ep"] == CUDA
+    assert set(tr["validators"]) == {
+        "ORT_VERSION",
+        "CUDA_VERSION",
+        "DEVICE_MODEL",
+        "CUBLASLT_VERSION",
+    }
+    assert tr["validators"]["DEVICE_MODEL"].startswith("NVIDIA")
+    ((op, kernels),) = tr["results"].items()
+    assert op == "LtGemm<float16,COMPUTE_32F>" and len(kernels) == 1
+
+    before = new_process()
+    sess = ox.InferenceSession(model, providers=[(CUDA, use), CPU])
+    sess.set_tuning_results([tr], error_on_invalid=True)
+    got = sess.run(None, feeds)[0]
+    assert blas.stats["tuned"] == before["tuned"]
+    assert blas.stats["tuning_results_hits"] == before["tuning_results_hits"] + 1
+    np.testing.assert_array_equal(got, want)
+
+    before = new_process()
+    proto = onnx.load_from_string(model)
+    proto.metadata_props.add(key="tuning_results", value=json.dumps([tr]))
+    embedded = ox.InferenceSession(
+        proto.SerializeToString(), providers=[(CUDA, {"tuning_cache_dir": "off"}), CPU]
+    )
+    assert embedded.get_provider_options()[CUDA]["tunable_op_enable"] == "1"
+    np.testing.assert_array_equal(embedded.run(None, feeds)[0], want)
+    assert blas.stats["tuning_results_hits"] == before["tuning_results_hits"] + 1
+    assert embedded.get_tuning_results()[0]["results"] == tr["results"]
 
 
 def test_gemm_opset7_requires_c():

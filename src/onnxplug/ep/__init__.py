@@ -67,6 +67,7 @@ from ..framework.stream import (
     await_ready,
     device_of,
 )
+from ..framework.tuning import TuningContext, TuningResultsManager
 from ..ir.nhwc import NHWC_DOMAIN, NHWC_OPS
 from ..ir.types import ValueType, elem_type_name, elem_type_of, np_dtype, tensor_type_str
 from .api import (
@@ -134,6 +135,8 @@ __all__ = [
     "SharedArenas",
     "SyncNotification",
     "SyncStream",
+    "TuningContext",
+    "TuningResultsManager",
     "ValueType",
     "alloc_ptr",
     "allocate",

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ..framework.kernel import KernelDef, KernelRegistry, types_match
 from ..framework.memory import CPU_MEMORY, Allocator, Device, MemoryInfo
 from ..framework.stream import DataTransfer, DeviceTimer, SyncStream
+from ..framework.tuning import TuningContext
 
 if TYPE_CHECKING:
     from ..ir.graph import Node
@@ -276,6 +277,14 @@ class Ep(ABC):
         """'ALL_NODES_ON_EP' or 'ALLOW_CPU_FOR_SHAPES' (onnxruntime's policy; onnxplug
         captures piecewise, so host nodes only split the capture)."""
         return "ALL_NODES_ON_EP"
+
+    # tuning results ----------------------------------------------------------------------------
+    def get_tuning_context(self) -> TuningContext | None:
+        """This provider's TunableOp results and validators (onnxruntime's
+        ``GetTuningContext``), what ``InferenceSession.get_tuning_results`` and
+        ``set_tuning_results`` exchange; None (the default, so older plugins keep working): it
+        does not tune, and results given for it are refused."""
+        return None
 
     # introspection -----------------------------------------------------------------------------
     def get_provider_options(self) -> dict[str, str]:

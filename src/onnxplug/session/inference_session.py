@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import threading
@@ -36,6 +37,7 @@ from ..framework.executor import FETCH_DEVICE, FETCH_HOST
 from ..framework.graph_capture import DEFAULT_CACHE_SIZE, GraphCapture
 from ..framework.memory import CPU, CPU_MEMORY, Device, DeviceTensor
 from ..framework.profiler import SESSION, Profiler, reserve_trace_file, write_trace
+from ..framework.tuning import check_tuning_results
 from ..ir.export import model_to_proto
 from ..ir.graph import Graph, graph_from_model, read_only
 from ..ir.model import load_model
@@ -178,6 +180,7 @@ class InferenceSession:
             )
         if not eager:
             self._eps = self._resources.eps = self._create_eps(providers, provider_options)
+        self._load_embedded_tuning_results()
         cpu = next((ep for ep in self._eps if ep.name == CPU_EP), None)
         folder = make_constant_folder(cpu) if cpu is not None else None
         targets = [FusionTarget(ep) for ep in self._eps]
@@ -564,6 +567,65 @@ class InferenceSession:
     def get_session_options(self) -> SessionOptions:
         return self._sess_options
 
+    # tuning results (onnxruntime's TunableOp) --------------------------------------------------
+    def get_tuning_results(self) -> list[dict[str, Any]]:
+        """The tuning results of each provider that tunes (``{"ep", "results",
+        "validators"}``), for ``set_tuning_results`` in another session or process, or for
+        ``onnxruntime.tools.offline_tuning embed`` into a model."""
+        return [
+            ctx.get_tuning_results()
+            for ep in self._eps
+            if (ctx := ep.get_tuning_context()) is not None
+        ]
+
+    def set_tuning_results(self, results: Any, *, error_on_invalid: bool = False) -> None:
+        """Give providers tuning results (a list of what ``get_tuning_results`` returns).
+        Results for a provider the session does not have, one that does not tune, or whose
+        validators do not match are skipped with a warning, or raise with
+        ``error_on_invalid``. They are used where the provider's TunableOp is enabled."""
+        self._set_tuning_results(results, error_on_invalid, auto_enable=False)
+
+    def _set_tuning_results(self, results: Any, error_on_invalid: bool, auto_enable: bool) -> None:
+        try:
+            checked = check_tuning_results(results)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+        for i, tr in enumerate(checked):
+            ep = next((e for e in self._eps if e.name == tr["ep"]), None)
+            ctx = ep.get_tuning_context() if ep is not None else None
+            msg: str | None = None
+            if ep is None:
+                msg = f"Cannot find execution provider {tr['ep']}"
+            elif ctx is None:
+                msg = f"Invalid TuningResults (index={i}). {tr['ep']} does not support TunableOp."
+            elif (reason := ctx.load_tuning_results(tr)) is not None:
+                msg = f"Failed to load TuningResults (index={i}). Reason: {reason}"
+            if msg is not None:
+                if error_on_invalid:
+                    raise Fail(msg)
+                self._log(logging.WARNING, msg)
+            elif auto_enable and ctx is not None:
+                self._log(logging.INFO, f"tuning results set for {tr['ep']}: TunableOp enabled")
+                ctx.enable_tunable_op()
+
+    def _load_embedded_tuning_results(self) -> None:
+        """Tuning results a model carries in its ``tuning_results`` metadata (what
+        ``onnxruntime.tools.offline_tuning embed`` writes) are given to the providers before
+        their kernels are made, and turn their TunableOp on, as in onnxruntime."""
+        raw = self._proto_meta.custom_metadata_map.get("tuning_results")
+        if raw is None:
+            return
+        try:
+            results = json.loads(raw)
+        except ValueError as e:
+            raise InvalidArgument(
+                f"the model's 'tuning_results' metadata is not JSON: {e}"
+            ) from None
+        try:
+            self._set_tuning_results(results, error_on_invalid=False, auto_enable=True)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"the model's 'tuning_results' metadata: {e.message}") from None
+
     def get_provider_graph_assignment_info(self) -> list[OrtEpAssignedSubgraph]:
         """Which provider runs each node (copy nodes included, subgraphs flattened): one
         ``OrtEpAssignedSubgraph`` (``ep_name``, ``get_nodes()``) per node, as onnxruntime
@@ -633,6 +695,7 @@ class InferenceSession:
         for ep in self._eps:
             ep.release()
         self._eps = self._resources.eps = self._create_eps(providers, provider_options)
+        self._load_embedded_tuning_results()
         self._build()
         if old is not None:
             old.release()

@@ -33,7 +33,14 @@ from .runtime import BackgroundImport, make_primary_context_current
 
 # Calls per path, for tests and diagnostics (which engine really ran); a prepared call counts
 # once, when it is prepared.
-stats = {"cublaslt": 0, "xp": 0, "warm_queries": 0, "tuned": 0, "tuning_cache_hits": 0}
+stats = {
+    "cublaslt": 0,
+    "xp": 0,
+    "warm_queries": 0,
+    "tuned": 0,
+    "tuning_cache_hits": 0,
+    "tuning_results_hits": 0,
+}
 
 EPILOGUES = ("RELU", "GELU", "BIAS", "RELU_BIAS", "GELU_BIAS")
 
@@ -243,38 +250,48 @@ class GemmTuning:
     """onnxruntime's TunableOp for the GEMMs (``tunable_op_enable``, ``tunable_op_tuning_enable``,
     ``tunable_op_max_tuning_duration_ms``): which of cuBLASLt's heuristic candidates a GEMM
     signature runs. Enabled, a signature runs the candidate its tuning result names (the
-    tuning cache on disk, per device, driver and cuBLASLt version), else the heuristic's first;
-    with tuning enabled too, a signature without a result has its candidates timed on its
-    first call (GPU time of back-to-back calls, as cuDNN's EXHAUSTIVE search times plans, the
-    host's enqueueing bounded by the duration option) and the fastest is kept. Each signature
-    is decided once per process, so every call of it (eager, prepared, replayed) runs the same
-    candidate."""
+    device's results in this process, ``results``: tuned, read from the cache or given by
+    ``set_tuning_results``; then the tuning cache on disk, per device, driver and cuBLASLt
+    version), else the heuristic's first; with tuning enabled too, a signature without a
+    result has its candidates timed on its first call (GPU time of back-to-back calls, as
+    cuDNN's EXHAUSTIVE search times plans, the host's enqueueing bounded by the duration
+    option) and the fastest is kept. Each signature is decided once per process, so every
+    call of it (eager, prepared, replayed) runs the same candidate."""
 
-    def __init__(self, tune: bool, budget_ms: float, cache: Any) -> None:
+    def __init__(self, tune: bool, budget_ms: float, cache: Any, results: Any) -> None:
         self.tune = tune
         self.budget_ms = budget_ms
         self.cache = cache
+        self.results = results  # a TuningResultsManager, the device's
         self._chosen: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def choose(self, key: str, count: int, timer: Any, capturing: bool) -> int:
-        """The candidate (an index into the heuristic's ``count`` results) signature ``key``
-        runs; ``timer()`` gives the candidates' times in ms (None: they cannot be timed now)."""
+    def choose(self, op: str, params: str, count: int, timer: Any, capturing: bool) -> int:
+        """The candidate (an index into the heuristic's ``count`` results) signature
+        (``op``, ``params``) runs; ``timer()`` gives the candidates' times in ms (None: they
+        cannot be timed now)."""
+        key = f"{op} {params}"
         with self._lock:
             hit = self._chosen.get(key)
         if hit is not None:
             return hit
-        index = 0
-        cached = self.cache.get(key)
-        if isinstance(cached, list) and len(cached) == 3 and cached[1] == count:
-            index = int(cached[0])
-            stats["tuning_cache_hits"] += 1
-        elif self.tune and timer is not None and not capturing and count > 1:
-            times = {i: t for i, t in timer().items() if t < float("inf")}
-            if times:
-                index = min(times, key=times.__getitem__)
-                stats["tuned"] += 1
-                self.cache.put(key, [index, count, times[index]])
+        index = self.results.lookup(op, params)
+        if 0 <= index < count:
+            stats["tuning_results_hits"] += 1
+        else:
+            index = -1
+            cached = self.cache.get(key)
+            if isinstance(cached, list) and len(cached) == 3 and cached[1] == count:
+                index = int(cached[0])
+                stats["tuning_cache_hits"] += 1
+            elif self.tune and timer is not None and not capturing and count > 1:
+                times = {i: t for i, t in timer().items() if t < float("inf")}
+                if times:
+                    index = min(times, key=times.__getitem__)
+                    stats["tuned"] += 1
+                    self.cache.put(key, [index, count, times[index]])
+            if 0 <= index < count and self.results.lookup(op, params) < 0:
+                index = self.results.add(op, params, index)
         if not 0 <= index < count:
             index = 0
         with self._lock:
@@ -397,16 +414,18 @@ class LtGemm:
         self.L = cublasLt
         self.ordinal = ordinal
         self.use_tf32 = use_tf32
-        ct = cublas.ComputeType
-        self._compute = {
-            _F32: int(ct.COMPUTE_32F_FAST_TF32 if use_tf32 else ct.COMPUTE_32F),
-            _F16: int(ct.COMPUTE_32F),
-            _F64: int(ct.COMPUTE_64F),
+        # each element type's compute type, by name (a tuning result's op signature names it)
+        self._compute_name = {
+            _F32: "COMPUTE_32F_FAST_TF32" if use_tf32 else "COMPUTE_32F",
+            _F16: "COMPUTE_32F",
+            _F64: "COMPUTE_64F",
         }
         self._cuda_type = {_F32: _CUDA_R_32F, _F16: _CUDA_R_16F, _F64: _CUDA_R_64F}
         if BF16 is not None:
-            self._compute[BF16] = int(ct.COMPUTE_32F)
+            self._compute_name[BF16] = "COMPUTE_32F"
             self._cuda_type[BF16] = _CUDA_R_16BF
+        ct = cublas.ComputeType
+        self._compute = {dt: int(getattr(ct, name)) for dt, name in self._compute_name.items()}
         self._op_t = int(cublas.Operation.T)
         self._op_n = int(cublas.Operation.N)
         E = cublasLt.Epilogue
@@ -793,6 +812,13 @@ class LtGemm:
 
         return time_candidates
 
+    def signature(self, key: tuple) -> tuple[str, str]:
+        """A plan key as a tuning result's op and params signatures: the element and compute
+        types (``LtGemm<float32,COMPUTE_32F_FAST_TF32>``), then the shape, transposes, batch,
+        strides, epilogue, accumulation mode, row strides and pointer alignments."""
+        dt = np.dtype(key[0])
+        return f"LtGemm<{dt.name},{self._compute_name[dt]}>", "_".join(str(v) for v in key[1:])
+
     def _plan(
         self, ctx: Any, geo: _Geo, al: tuple, bias_ptr: int, timer: Any = None
     ) -> _LtPlan | bool:
@@ -882,7 +908,8 @@ class LtGemm:
         index = 0  # the heuristic's first (best) result
         if self.tuning is not None and count > 1:
             run_timer = None if timer is None else (lambda: timer(plan, results, count, pad))
-            index = self.tuning.choose(repr(key), count, run_timer, ctx.stream.is_capturing())
+            op, params = self.signature(key)
+            index = self.tuning.choose(op, params, count, run_timer, ctx.stream.is_capturing())
         plan.algo = results  # kept alive: the chosen result's algo struct is read in place
         plan.algo_ptr = results.ctypes.data + index * results.itemsize
         plan.ws = _workspace(results, index, pad)
@@ -963,13 +990,17 @@ def _tuning(ep: Any) -> GemmTuning:
     """The GEMM tuning of a provider's options (``tunable_op_enable`` set); its results are
     kept with cuDNN's in the tuning cache folder, per device, driver and cuBLASLt version."""
     from .cache import TuningCache, cache_folder, device_fingerprint
+    from .tuning import tuning_results
 
     o = ep.options
     L, _ = NVMATH.modules()
     fingerprint = f"{device_fingerprint(ep.ordinal)} cublasLt {L.get_version()} timing 1"
     cache = TuningCache(cache_folder(o.tuning_cache_dir), fingerprint, prefix="cublaslt-gemm")
     return GemmTuning(
-        bool(o.tunable_op_tuning_enable), float(o.tunable_op_max_tuning_duration_ms), cache
+        bool(o.tunable_op_tuning_enable),
+        float(o.tunable_op_max_tuning_duration_ms),
+        cache,
+        tuning_results(ep),
     )
 
 

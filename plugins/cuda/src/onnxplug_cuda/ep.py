@@ -87,6 +87,7 @@ class CudaEp(Ep):
         self._shared: Allocator | None = None
         self._run_tokens = threading.local()  # per thread: the run's device guard and token
         self._graphs: dict[int, tuple[Any, Any]] = {}  # graph id -> (graph exec, stream)
+        self._tuning: Any = None  # its CudaTuningContext, made when asked for
         for w in options.warnings:
             warnings.warn(f"{self.name}: {w}", stacklevel=2)
 
@@ -345,6 +346,14 @@ class CudaEp(Ep):
             if key[0] == self.ordinal:
                 out.append(("cudnn engine", conv.ordinal, conv))
         return out
+
+    def get_tuning_context(self) -> Any:
+        with self._lock:
+            if self._tuning is None:
+                from .tuning import CudaTuningContext
+
+                self._tuning = CudaTuningContext(self)
+            return self._tuning
 
     def get_provider_options(self) -> dict[str, str]:
         out = self.options.as_strings()
