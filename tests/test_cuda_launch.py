@@ -256,3 +256,46 @@ def test_a_row_module_compiles_only_the_entry_points_used(launches):
     n = len(_Xp.sources)
     mod.function(_Xp, "a")
     assert len(_Xp.sources) == n + 1 and "void b(" not in _Xp.sources[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# graph launches (CupyBackend.launch_graph): the driver's, keeping the interpreter lock
+
+
+def test_a_graph_launch_goes_through_the_driver_and_falls_back_where_it_has_no_context(
+    monkeypatch,
+):
+    """``launch_graph`` launches through ``cuGraphLaunch`` (a CUresult back; 0 is None); a
+    thread with no current context (CUDA_ERROR_INVALID_CONTEXT) launches through the runtime
+    instead, whose error text is returned; any other CUresult is returned by name."""
+    from types import SimpleNamespace
+
+    from onnxplug_cuda import backend as B
+    from onnxplug_cuda import runtime
+
+    calls: list = []
+
+    def runtime_launch(exe: int, stream: int) -> None:
+        calls.append(("runtime", exe, stream))
+        if exe == 13:
+            raise RuntimeError("cudaErrorInvalidResourceHandle: invalid resource handle")
+
+    def fake(result: int) -> SimpleNamespace:
+        def driver(exe: int, stream: int) -> int:
+            calls.append(("driver", exe, stream))
+            return result
+
+        return SimpleNamespace(_launch=driver, _runtime_launch=runtime_launch)
+
+    monkeypatch.setattr(B, "driver_error_name", lambda err: {719: "CUDA_ERROR_LAUNCH_FAILED"}[err])
+    assert B.CupyBackend.launch_graph(fake(0), 7, 9) is None
+    assert calls == [("driver", 7, 9)]
+    calls.clear()
+    assert B.CupyBackend.launch_graph(fake(runtime.DRIVER_INVALID_CONTEXT), 7, 9) is None
+    assert calls == [("driver", 7, 9), ("runtime", 7, 9)]
+    calls.clear()
+    err = B.CupyBackend.launch_graph(fake(runtime.DRIVER_INVALID_CONTEXT), 13, 9)
+    assert err == "cudaErrorInvalidResourceHandle: invalid resource handle"
+    calls.clear()
+    assert B.CupyBackend.launch_graph(fake(719), 7, 9) == "CUDA_ERROR_LAUNCH_FAILED"
+    assert calls == [("driver", 7, 9)]

@@ -115,6 +115,45 @@ def test_replay_equals_eager_bit_for_bit_for_changing_inputs(build, shape):
     np.testing.assert_allclose(got[0], cpu[0], rtol=2e-3, atol=2e-3)
 
 
+def test_a_graph_launch_keeps_the_interpreter_lock_and_works_on_a_fresh_thread():
+    """Runs launch graphs through the driver keeping the interpreter lock
+    (``runtime.graph_launch_holding_gil``). On a thread that has made no CUDA call, the driver
+    may have no current context: ``launch_graph`` then launches through the runtime, which
+    makes the device's primary context current there, and the driver's launch works after."""
+    import cupy
+
+    from onnxplug_cuda import runtime
+
+    sess = ox.InferenceSession(block(), providers=[CUDA, CPU])
+    ep = next(e for e in sess._eps if e.name == CUDA)
+    stream = ep.create_sync_stream()
+    x = cupy.zeros(4, cupy.float32)
+
+    def add_one() -> None:
+        with cupy.cuda.ExternalStream(stream.handle):
+            x[...] += 1
+
+    exe = stream.capture_call(add_one)
+    assert exe is not None
+    launch = runtime.graph_launch_holding_gil()
+    results: list = []
+
+    def fresh_thread() -> None:
+        results.append(launch(exe, stream.handle))  # no CUDA call on this thread yet
+        results.append(ep.backend.launch_graph(exe, stream.handle))
+        results.append(launch(exe, stream.handle))
+
+    t = threading.Thread(target=fresh_thread)
+    t.start()
+    t.join()
+    cupy.cuda.runtime.streamSynchronize(stream.handle)
+    assert results[0] in (0, runtime.DRIVER_INVALID_CONTEXT) and results[1:] == [None, 0]
+    launched = 2 + (results[0] == 0)
+    assert x.get().tolist() == [float(launched)] * 4
+    assert ep.backend.launch_graph(0, stream.handle).startswith("CUDA_ERROR_INVALID")
+    stream.close()
+
+
 def test_steady_replay_counts():
     sess = graph_session(block())
     x = rand(1, 8, 32)

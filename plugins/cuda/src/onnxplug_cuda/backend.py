@@ -23,6 +23,8 @@ from onnxplug.ep import (
     current_scratch,
 )
 
+from .runtime import DRIVER_INVALID_CONTEXT, driver_error_name, graph_launch_holding_gil
+
 # numpy dtypes CuPy cannot compute with; kernels move them as same-size integers.
 _STORAGE_AS = {"bfloat16": np.dtype(np.uint16)}
 
@@ -50,7 +52,8 @@ class CupyBackend:
         self._cupy_device = cupy.cuda.Device(ordinal)
         self._hooks: dict[int, Any] = {}  # id(allocator) -> CuPy allocator routed to it
         self._owner: dict[int, Any] = {}  # ptr -> what it was taken from (scratch, allocator)
-        self._launch = cupy.cuda.runtime.graphLaunch
+        self._runtime_launch = cupy.cuda.runtime.graphLaunch
+        self._launch = graph_launch_holding_gil()
         # cuBLASLt's first heuristic query, beside the rest of the session's creation (after
         # CuPy's import, whose library loading it would contend with)
         NVMATH.warm_up(ordinal)
@@ -144,9 +147,17 @@ class CupyBackend:
         return self.xp.cuda.PythonFunctionAllocator(malloc, free).malloc
 
     def launch_graph(self, exe: int, stream: int) -> str | None:
-        """Launch a graph exec (a ``cudaGraphExec_t``) on a stream; the error text, or None."""
+        """Launch a graph exec (a ``cudaGraphExec_t``) on a stream, keeping the interpreter
+        lock (``graph_launch_holding_gil``); the error text, or None. A thread whose first
+        CUDA call this is has no current context for the driver: the runtime's launch makes
+        the device's primary context current there."""
+        err = self._launch(exe, stream)
+        if err == 0:
+            return None
+        if err != DRIVER_INVALID_CONTEXT:
+            return driver_error_name(err)
         try:
-            self._launch(exe, stream)
+            self._runtime_launch(exe, stream)
         except Exception as e:  # CuPy's CUDARuntimeError ("cudaError...: ...")
             return str(e)
         return None

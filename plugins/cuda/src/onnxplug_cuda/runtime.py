@@ -314,6 +314,33 @@ def _libcuda() -> Any:
     return ctypes.CDLL("libcuda.so.1")
 
 
+# CUresult of a driver call made on a thread with no current context
+DRIVER_INVALID_CONTEXT = 201
+
+
+@functools.cache
+def graph_launch_holding_gil() -> Callable[[int, int], int]:
+    """``cuGraphLaunch(exec, stream)`` (a CUresult back) through ``ctypes.PyDLL``, which keeps
+    the interpreter lock across the call. A run's launches are short, non-blocking calls; one
+    that released the lock (CuPy's ``graphLaunch``, any ``ctypes.CDLL`` call) handed it to
+    another run's thread and then waited to take it back, and with 4 or 8 threads running
+    eagerly (a graph launch per node) those hand-overs cost more than the threads gained.
+    Same-host A/B (H100, session 24, eager runs of one session, 2 rounds), BERT-base b1 with 4
+    threads 1421 and 1278 runs/s against 972 and 1084, ResNet-50 b1 1884 and 1703 against
+    1415 and 1341; one thread unchanged. PyTorch keeps the lock across its launches too. The
+    driver call needs this thread's current context: ``DRIVER_INVALID_CONTEXT`` where there
+    is none yet."""
+    fn = ctypes.PyDLL("libcuda.so.1").cuGraphLaunch
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def driver_error_name(err: int) -> str:
+    """A CUresult's name (``CUDA_ERROR_LAUNCH_FAILED``), or its number."""
+    return _driver_error(_libcuda(), err)
+
+
 _context_threads: dict[int, threading.Thread] = {}
 
 
