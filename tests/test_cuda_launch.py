@@ -287,8 +287,7 @@ def test_a_graph_launch_goes_through_the_driver_and_falls_back_where_it_has_no_c
 
         return SimpleNamespace(_launch=driver, _runtime_launch=runtime_launch)
 
-    names = {719: "CUDA_ERROR_LAUNCH_FAILED"}
-    monkeypatch.setattr(runtime, "driver_error_name", lambda err: names[err])
+    monkeypatch.setattr(B, "driver_error_name", lambda err: {719: "CUDA_ERROR_LAUNCH_FAILED"}[err])
     assert B.CupyBackend.launch_graph(fake(0), 7, 9) is None
     assert calls == [("driver", 7, 9)]
     calls.clear()

@@ -138,16 +138,10 @@ def test_a_graph_launch_keeps_the_interpreter_lock_and_works_on_a_fresh_thread()
     launch = runtime.graph_launch_holding_gil()
     results: list = []
 
-    y = cupy.zeros(4, cupy.float32)
-    copies: list = []
-
     def fresh_thread() -> None:
-        copy = runtime.memcpy_async_holding_gil()
-        copies.append(copy(y.data.ptr, x.data.ptr, 16, stream.handle))  # no context: 201?
         results.append(launch(exe, stream.handle))  # no CUDA call on this thread yet
         results.append(ep.backend.launch_graph(exe, stream.handle))
         results.append(launch(exe, stream.handle))
-        copies.append(copy(y.data.ptr, x.data.ptr, 16, stream.handle))
 
     t = threading.Thread(target=fresh_thread)
     t.start()
@@ -156,8 +150,6 @@ def test_a_graph_launch_keeps_the_interpreter_lock_and_works_on_a_fresh_thread()
     assert results[0] in (0, runtime.DRIVER_INVALID_CONTEXT) and results[1:] == [None, 0]
     launched = 2 + (results[0] == 0)
     assert x.get().tolist() == [float(launched)] * 4
-    assert copies[0] in (0, runtime.DRIVER_INVALID_CONTEXT) and copies[1] == 0
-    assert y.get().tolist() == [float(launched)] * 4  # the second copy, after the launches
     assert ep.backend.launch_graph(0, stream.handle).startswith("CUDA_ERROR_INVALID")
     stream.close()
 

@@ -23,7 +23,7 @@ from onnxplug.ep import (
     current_scratch,
 )
 
-from .runtime import driver_failure, graph_launch_holding_gil
+from .runtime import DRIVER_INVALID_CONTEXT, driver_error_name, graph_launch_holding_gil
 
 # numpy dtypes CuPy cannot compute with; kernels move them as same-size integers.
 _STORAGE_AS = {"bfloat16": np.dtype(np.uint16)}
@@ -154,7 +154,13 @@ class CupyBackend:
         err = self._launch(exe, stream)
         if err == 0:
             return None
-        return driver_failure(err, lambda: self._runtime_launch(exe, stream))
+        if err != DRIVER_INVALID_CONTEXT:
+            return driver_error_name(err)
+        try:
+            self._runtime_launch(exe, stream)
+        except Exception as e:  # CuPy's CUDARuntimeError ("cudaError...: ...")
+            return str(e)
+        return None
 
     def exit_run(self, token: Any) -> None:
         tls = self._tls

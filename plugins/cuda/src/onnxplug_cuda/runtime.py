@@ -336,34 +336,9 @@ def graph_launch_holding_gil() -> Callable[[int, int], int]:
     return fn
 
 
-@functools.cache
-def memcpy_async_holding_gil() -> Callable[[int, int, int, int], int]:
-    """``cuMemcpyAsync(dst, src, bytes, stream)`` (a CUresult back) through ``ctypes.PyDLL``,
-    keeping the interpreter lock as ``graph_launch_holding_gil`` does: for the copies a run
-    makes between fixed buffers (pinned host or device memory, addressed alike)."""
-    fn = ctypes.PyDLL("libcuda.so.1").cuMemcpyAsync
-    fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def driver_error_name(err: int) -> str:
     """A CUresult's name (``CUDA_ERROR_LAUNCH_FAILED``), or its number."""
     return _driver_error(_libcuda(), err)
-
-
-def driver_failure(err: int, runtime_call: Callable[[], Any]) -> str | None:
-    """What a failed call of the driver made holding the interpreter lock comes to: where the
-    thread had no current context yet, ``runtime_call()``, the runtime's same call, which
-    makes the device's primary context current (None, or its error's text); else the
-    CUresult's name."""
-    if err != DRIVER_INVALID_CONTEXT:
-        return driver_error_name(err)
-    try:
-        runtime_call()
-    except Exception as e:  # CuPy's CUDARuntimeError ("cudaError...: ...")
-        return str(e)
-    return None
 
 
 _context_threads: dict[int, threading.Thread] = {}

@@ -22,15 +22,7 @@ import numpy as np
 
 from onnxplug.ep import DataTransfer, Device, DeviceTensor, SyncStream, counters
 
-from .runtime import (
-    CudaError,
-    DeviceGuard,
-    call,
-    cudart,
-    driver_failure,
-    memcpy_async_holding_gil,
-    peer_route,
-)
+from .runtime import DeviceGuard, call, cuda_error, cudart, peer_route
 
 SAME = "same"  # a copy within one device (the other routes: runtime.PEER, runtime.HOST)
 
@@ -167,14 +159,12 @@ class CudaDataTransfer(DataTransfer):
         if a is not None and b is not None and a != b:
             return self._bind_peer(src, dst, a, b, stream)
         memcpy, d, s_, kind, h = rt.memcpyAsync, dst.ptr, src.ptr, rt.memcpyDefault, stream.handle
-        driver = memcpy_async_holding_gil()  # as a graph launch: the interpreter lock kept
 
         def copy() -> None:  # a replayed run makes two of these: ~1 µs each
-            err = driver(d, s_, n, h)
-            if err:
-                failure = driver_failure(err, lambda: memcpy(d, s_, n, kind, h))
-                if failure is not None:
-                    raise CudaError(f"cuMemcpyAsync({n} bytes) failed: {failure}")
+            try:
+                memcpy(d, s_, n, kind, h)
+            except Exception as e:
+                raise cuda_error("cudaMemcpyAsync", e) from e
 
         return copy
 
