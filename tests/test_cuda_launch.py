@@ -262,12 +262,13 @@ def test_a_row_module_compiles_only_the_entry_points_used(launches):
 # graph launches (CupyBackend.launch_graph): the driver's, keeping the interpreter lock
 
 
-def test_a_graph_launch_goes_through_the_driver_and_falls_back_where_it_has_no_context(
+def test_a_node_graph_launch_goes_through_the_driver_and_falls_back_where_it_has_no_context(
     monkeypatch,
 ):
-    """``launch_graph`` launches through ``cuGraphLaunch`` (a CUresult back; 0 is None); a
-    thread with no current context (CUDA_ERROR_INVALID_CONTEXT) launches through the runtime
-    instead, whose error text is returned; any other CUresult is returned by name."""
+    """``launch_node_graph`` launches through ``cuGraphLaunch`` (a CUresult back; 0 is None);
+    a thread with no current context (CUDA_ERROR_INVALID_CONTEXT) launches through the runtime
+    instead (``launch_graph``, a replay's launch), whose error text is returned; any other
+    CUresult is returned by name."""
     from types import SimpleNamespace
 
     from onnxplug_cuda import backend as B
@@ -285,17 +286,23 @@ def test_a_graph_launch_goes_through_the_driver_and_falls_back_where_it_has_no_c
             calls.append(("driver", exe, stream))
             return result
 
-        return SimpleNamespace(_launch=driver, _runtime_launch=runtime_launch)
+        be = SimpleNamespace(_launch=driver, _runtime_launch=runtime_launch)
+        be.launch_graph = lambda exe, stream: B.CupyBackend.launch_graph(be, exe, stream)
+        return be
 
-    monkeypatch.setattr(B, "driver_error_name", lambda err: {719: "CUDA_ERROR_LAUNCH_FAILED"}[err])
-    assert B.CupyBackend.launch_graph(fake(0), 7, 9) is None
+    names = {719: "CUDA_ERROR_LAUNCH_FAILED"}
+    monkeypatch.setattr(B, "driver_error_name", lambda err: names[err])
+    assert B.CupyBackend.launch_node_graph(fake(0), 7, 9) is None
     assert calls == [("driver", 7, 9)]
     calls.clear()
-    assert B.CupyBackend.launch_graph(fake(runtime.DRIVER_INVALID_CONTEXT), 7, 9) is None
+    assert B.CupyBackend.launch_node_graph(fake(runtime.DRIVER_INVALID_CONTEXT), 7, 9) is None
     assert calls == [("driver", 7, 9), ("runtime", 7, 9)]
     calls.clear()
-    err = B.CupyBackend.launch_graph(fake(runtime.DRIVER_INVALID_CONTEXT), 13, 9)
+    err = B.CupyBackend.launch_node_graph(fake(runtime.DRIVER_INVALID_CONTEXT), 13, 9)
     assert err == "cudaErrorInvalidResourceHandle: invalid resource handle"
     calls.clear()
-    assert B.CupyBackend.launch_graph(fake(719), 7, 9) == "CUDA_ERROR_LAUNCH_FAILED"
+    assert B.CupyBackend.launch_node_graph(fake(719), 7, 9) == "CUDA_ERROR_LAUNCH_FAILED"
     assert calls == [("driver", 7, 9)]
+    calls.clear()
+    assert B.CupyBackend.launch_graph(fake(0), 7, 9) is None  # a replay: the runtime's
+    assert calls == [("runtime", 7, 9)]

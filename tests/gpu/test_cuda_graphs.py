@@ -115,11 +115,12 @@ def test_replay_equals_eager_bit_for_bit_for_changing_inputs(build, shape):
     np.testing.assert_allclose(got[0], cpu[0], rtol=2e-3, atol=2e-3)
 
 
-def test_a_graph_launch_keeps_the_interpreter_lock_and_works_on_a_fresh_thread():
-    """Runs launch graphs through the driver keeping the interpreter lock
+def test_a_node_graph_launch_keeps_the_interpreter_lock_and_works_on_a_fresh_thread():
+    """Eager runs launch their nodes' graphs through the driver keeping the interpreter lock
     (``runtime.graph_launch_holding_gil``). On a thread that has made no CUDA call, the driver
-    may have no current context: ``launch_graph`` then launches through the runtime, which
-    makes the device's primary context current there, and the driver's launch works after."""
+    may have no current context: ``launch_node_graph`` then launches through the runtime,
+    which makes the device's primary context current there, and the driver's launch works
+    after."""
     import cupy
 
     from onnxplug_cuda import runtime
@@ -140,7 +141,7 @@ def test_a_graph_launch_keeps_the_interpreter_lock_and_works_on_a_fresh_thread()
 
     def fresh_thread() -> None:
         results.append(launch(exe, stream.handle))  # no CUDA call on this thread yet
-        results.append(ep.backend.launch_graph(exe, stream.handle))
+        results.append(ep.backend.launch_node_graph(exe, stream.handle))
         results.append(launch(exe, stream.handle))
 
     t = threading.Thread(target=fresh_thread)
@@ -150,7 +151,7 @@ def test_a_graph_launch_keeps_the_interpreter_lock_and_works_on_a_fresh_thread()
     assert results[0] in (0, runtime.DRIVER_INVALID_CONTEXT) and results[1:] == [None, 0]
     launched = 2 + (results[0] == 0)
     assert x.get().tolist() == [float(launched)] * 4
-    assert ep.backend.launch_graph(0, stream.handle).startswith("CUDA_ERROR_INVALID")
+    assert ep.backend.launch_node_graph(0, stream.handle).startswith("CUDA_ERROR_INVALID")
     stream.close()
 
 

@@ -321,10 +321,12 @@ DRIVER_INVALID_CONTEXT = 201
 @functools.cache
 def graph_launch_holding_gil() -> Callable[[int, int], int]:
     """``cuGraphLaunch(exec, stream)`` (a CUresult back) through ``ctypes.PyDLL``, which keeps
-    the interpreter lock across the call. A run's launches are short, non-blocking calls; one
-    that released the lock (CuPy's ``graphLaunch``, any ``ctypes.CDLL`` call) handed it to
-    another run's thread and then waited to take it back, and with 4 or 8 threads running
-    eagerly (a graph launch per node) those hand-overs cost more than the threads gained.
+    the interpreter lock across the call, for the launches of one-node graphs (an eager run
+    makes one per node: short, non-blocking calls). A launch that released the lock (CuPy's
+    ``graphLaunch``, any ``ctypes.CDLL`` call) handed it to another run's thread and then
+    waited to take it back, and with 4 or 8 threads running eagerly those hand-overs cost more
+    than the threads gained. (A whole run's replay still releases it:
+    ``CupyBackend.launch_graph``.)
     Same-host A/B (H100, session 24, eager runs of one session, 2 rounds), BERT-base b1 with 4
     threads 1421 and 1278 runs/s against 972 and 1084, ResNet-50 b1 1884 and 1703 against
     1415 and 1341; one thread unchanged. PyTorch keeps the lock across its launches too. The

@@ -355,7 +355,7 @@ class NodeGraph:
     ):
         self.exe = exe
         self.stream = stream
-        self.launch = backend.launch_graph
+        self.launch = backend.launch_node_graph
         self.eager = eager
         self.scratch = scratch  # the frame's, whose value blocks in ``held`` the graph uses
         self.held = held
