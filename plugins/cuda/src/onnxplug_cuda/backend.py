@@ -151,8 +151,8 @@ class CupyBackend:
         through the runtime, which releases the interpreter lock for the call; the error text,
         or None. A replay's launch of a large graph takes 10-80 µs and, with many threads
         replaying, can wait for room in the stream's launch queue: keeping the lock there
-        stalled the other threads (8 threads replaying float16 BERT-base fell to 2039-2185
-        runs/s in 3 of 4 runs, session 24)."""
+        (and for a replay's copies) stalled the other threads (8 threads replaying BERT-base
+        fell to 2039-2305 runs/s in 3 of 4 runs, session 24)."""
         try:
             self._runtime_launch(exe, stream)
         except Exception as e:  # CuPy's CUDARuntimeError ("cudaError...: ...")
