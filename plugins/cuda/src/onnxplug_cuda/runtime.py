@@ -328,8 +328,8 @@ def graph_launch_holding_gil() -> Callable[[int, int], int]:
     than the threads gained. (A whole run's replay still releases it:
     ``CupyBackend.launch_graph``.)
     Same-host A/B (H100, session 24, eager runs of one session, 2 rounds), BERT-base b1 with 4
-    threads 1421 and 1278 runs/s against 972 and 1084, ResNet-50 b1 1884 and 1703 against
-    1415 and 1341; one thread unchanged. PyTorch keeps the lock across its launches too. The
+    threads 1527 and 1471 runs/s against 1054 and 1174, ResNet-50 b1 1853 and 1889 against
+    1621 and 1556; one thread within the noise. PyTorch keeps the lock across its launches. The
     driver call needs this thread's current context: ``DRIVER_INVALID_CONTEXT`` where there
     is none yet."""
     fn = ctypes.PyDLL("libcuda.so.1").cuGraphLaunch
