@@ -73,34 +73,21 @@ class TuningResultsManager:
 class TuningContext:
     """A provider's TunableOp state (onnxruntime's ``ITuningContext``): its name, its results
     (``manager``, which may be shared by the provider's instances on one device) and its
-    validators, each a getter of the running value and a check of a given one (a check returns
-    the reason for a mismatch, or None). Providers register their own validators and override
-    ``enable_tunable_op``."""
+    validators, each a getter of the running value, which a given value must equal. Providers
+    register their own validators and override ``enable_tunable_op``."""
 
     def __init__(self, ep_name: str, manager: TuningResultsManager):
         self.ep_name = ep_name
         self.manager = manager
-        self._validators: dict[str, tuple[Callable[[], str], Callable[[str], str | None]]] = {}
+        self._validators: dict[str, tuple[Callable[[], str], str]] = {}
         self.register_validator("ORT_VERSION", lambda: __version__, "onnxplug version mismatch")
 
-    def register_validator(
-        self, key: str, getter: Callable[[], str], check: Callable[[str], str | None] | str
-    ) -> None:
-        """Add validator ``key``. ``check`` is a function of the given value returning the
-        reason it does not hold here (None: it holds), or a message: the value must then equal
-        the getter's, and the reason is the message with both values."""
+    def register_validator(self, key: str, getter: Callable[[], str], mismatch: str) -> None:
+        """Add validator ``key``: a given value must equal ``getter()``; where it does not, the
+        reason is ``mismatch`` with both values."""
         if key in self._validators:
             raise ValueError(f"tuning results validator {key!r} is already registered")
-        if isinstance(check, str):
-            what = check
-
-            def check(value: str) -> str | None:
-                current = getter()
-                if value == current:
-                    return None
-                return f"{what}: tuning results produced with {value!r}, running with {current!r}"
-
-        self._validators[key] = (getter, check)
+        self._validators[key] = (getter, mismatch)
 
     def validators(self) -> dict[str, str]:
         return {key: getter() for key, (getter, _) in self._validators.items()}
@@ -128,9 +115,12 @@ class TuningContext:
         if problems:
             return " ".join(problems)
         for key, value in given.items():
-            reason = self._validators[key][1](str(value))
-            if reason is not None:
-                return reason
+            getter, mismatch = self._validators[key]
+            current = getter()
+            if str(value) != current:
+                return (
+                    f"{mismatch}: tuning results produced with {value!r}, running with {current!r}"
+                )
         return None
 
     def get_tuning_results(self) -> dict[str, Any]:
@@ -159,8 +149,6 @@ class TuningContext:
 def check_tuning_results(value: Any) -> list[dict[str, Any]]:
     """``value`` as a list of results dicts, or a ``ValueError`` naming what is malformed
     (the shape ``set_tuning_results`` and a model's ``tuning_results`` metadata must have)."""
-    if isinstance(value, Mapping):
-        value = [value]
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"tuning results must be a list of dicts, got {type(value).__name__}")
     out = []

@@ -275,7 +275,7 @@ class GemmTuning:
             hit = self._chosen.get(key)
         if hit is not None:
             return hit
-        index = self.results.lookup(op, params)
+        given = index = self.results.lookup(op, params)
         if 0 <= index < count:
             stats["tuning_results_hits"] += 1
         else:
@@ -290,7 +290,7 @@ class GemmTuning:
                     index = min(times, key=times.__getitem__)
                     stats["tuned"] += 1
                     self.cache.put(key, [index, count, times[index]])
-            if 0 <= index < count and self.results.lookup(op, params) < 0:
+            if 0 <= index < count and given < 0:  # an out-of-range given id stays as given
                 index = self.results.add(op, params, index)
         if not 0 <= index < count:
             index = 0

@@ -60,22 +60,12 @@ class CudaTuningContext(TuningContext):
         super().__init__(ep.name, tuning_results(ep))
         self._ep = ep
         model = str(ep.ep_device.ep_metadata.get("cuda_device_name", ""))
-        versions: dict[str, str] = {}
-
-        def once(key: str, get: Any) -> Any:
-            def getter() -> str:
-                if key not in versions:
-                    versions[key] = get(ep)
-                return versions[key]
-
-            return getter
-
         self.register_validator(
-            "CUDA_VERSION", once("cuda", _cuda_version), "CUDA runtime version mismatch"
+            "CUDA_VERSION", lambda: _cuda_version(ep), "CUDA runtime version mismatch"
         )
         self.register_validator("DEVICE_MODEL", lambda: model, "Device model mismatch")
         self.register_validator(
-            "CUBLASLT_VERSION", once("cublaslt", _cublaslt_version), "cuBLASLt version mismatch"
+            "CUBLASLT_VERSION", lambda: _cublaslt_version(ep), "cuBLASLt version mismatch"
         )
 
     def enable_tunable_op(self) -> None:
