@@ -403,6 +403,10 @@ class _ConvBase(CudaKernel):
         if stream.capturing:
             return None  # inside a whole-run capture: the plain calls are recorded there
         self.compute(ctx)  # builds (and autotunes) the cuDNN graph, fills the frame's scratch
+        if self.last_path != "cudnn":
+            # the GEMM fallback's temporaries are values a node graph would keep for itself,
+            # so a whole-run capture, which runs this node's calls again, could not have them
+            return None
         return node_graph(self, ctx, lambda: self.compute(ctx))
 
 
