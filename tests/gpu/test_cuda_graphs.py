@@ -124,6 +124,31 @@ def test_replay_equals_eager_bit_for_bit_for_changing_inputs(build, shape, optio
     np.testing.assert_allclose(got[0], cpu[0], rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("build,shape", [(block, (2, 8, 32)), (conv, (2, 3, 16, 16))])
+def test_eager_runs_launch_consecutive_node_graphs_as_one_graph(build, shape, monkeypatch):
+    """Without enable_cuda_graph a frame's third run captures its consecutive node graphs as
+    one graph (executor.segment_program), later runs launch it: the outputs are those of the
+    node-by-node launches, bit for bit, for changing inputs."""
+    from onnxplug.framework import executor
+
+    model = build()
+    sess = ox.InferenceSession(model, providers=[CUDA, CPU])
+    xs = [rand(*shape, seed=i) for i in range(6)]
+    got = [sess.run(None, {"x": x})[0] for x in xs]
+    frame = next(iter(sess._runner._signatures.values())).frames[0]
+    assert frame.program is not None and len(frame.program) < len(frame.steps)
+    assert any(step[1] is None for step in frame.program)  # a captured group
+
+    def one_by_one(steps, values, where, run_options):
+        executor._run_steps(steps, values, where, run_options)
+        return list(steps)
+
+    monkeypatch.setattr(executor, "segment_program", one_by_one)
+    plain = ox.InferenceSession(model, providers=[CUDA, CPU])
+    for g, x in zip(got, xs):
+        np.testing.assert_array_equal(g, plain.run(None, {"x": x})[0])
+
+
 def test_a_node_graph_launch_keeps_the_interpreter_lock_and_works_on_a_fresh_thread():
     """Eager runs launch their nodes' graphs through the driver keeping the interpreter lock
     (``runtime.graph_launch_holding_gil``). On a thread that has made no CUDA call, the driver

@@ -16,7 +16,11 @@ A run executes a flat list of ``(call, ctx, release)`` tuples on a pooled *frame
 contexts, streams, planned block, scratch cache, staging buffers), so concurrent runs never
 share mutable state. A frame's first run *binds* each kernel (``Kernel.bind``, the prepare
 phase): a kernel may return a launcher with pointers, shapes and launch parameters bound once,
-which replaces its ``compute`` for the frame's later runs.
+which replaces its ``compute`` for the frame's later runs. A launcher a provider can capture
+says so (its ``segment`` attribute, ``Kernel.bind``): on the frame's next run each maximal
+group of consecutive such steps on one stream is captured as one graph (``segment_program``),
+and later runs launch that graph once instead of a launch per node, where the values the group
+reads from outside are still the objects it was captured with (else its steps run one by one).
 
 Steady state, counted by the tests: no allocation from any provider allocator (the plan's
 block, the frame's ``FrameScratch`` and staging buffers are reused), no array views built, and
@@ -211,6 +215,7 @@ class Frame:
         "in_stage",
         "out_calls",
         "out_stage",
+        "program",
         "run_options",
         "scratch",
         "specs",
@@ -225,6 +230,9 @@ class Frame:
         self.folded: dict[int, Any] = {}
         self.values: list[Any] = []
         self.steps: list[tuple[Callable[[Any], Any], Any, tuple[int, ...]]] = []
+        # what an eager run executes once the steps are bound: None before the binding run,
+        # _BOUND after it, then the steps with each capturable group as one step
+        self.program: list[Any] | None = None
         self.specs: list[StepSpec | None] = []  # the node of each step (None: a wait, ...)
         self.ctxs: list[KernelContext | None] = []
         self.streams: dict[str, Any] = {}  # provider key -> its stream (None: synchronous)
@@ -516,6 +524,7 @@ class GraphRunner:
                 timer.close()
         f.timers = {}
         _close_streams(f)
+        f.program = None  # its graphs go (after the streams' last work)
         for cache in f.scratch.values():
             cache.close()
         for a in f.staging:
@@ -748,7 +757,16 @@ class GraphRunner:
             elif profiler is not None and timing is not None:
                 self._execute_profiled(frame, where, run_options, profiler, timing)
             else:
-                _run_steps(frame.steps, values, where, run_options)
+                program = frame.program
+                if program is None or program is _BOUND:
+                    if program is _BOUND and self.capture is None:
+                        frame.program = segment_program(frame.steps, values, where, run_options)
+                    else:
+                        _run_steps(frame.steps, values, where, run_options)
+                        # bound now; a graph-capturing runner replays whole runs instead
+                        frame.program = _BOUND if self.capture is None else frame.steps
+                else:
+                    _run_steps(program, values, where, run_options)
             where[0] = None
             outs = [values[s] for s in plan.output_slots]
             if fetch is not None:
@@ -1097,6 +1115,90 @@ def _run_steps(
         step[0](step[1])
         for r in step[2]:
             values[r] = None
+
+
+_BOUND = [("the frame's steps are bound",)]  # a marker: Frame.program after the binding run
+
+
+def segment_program(
+    steps: Sequence[tuple[Callable[[Any], Any], Any, tuple[int, ...]]],
+    values: list[Any],
+    where: list[Any],
+    run_options: Any,
+) -> list[Any]:
+    """Run a frame's bound ``steps`` once, capturing each maximal group of two or more
+    consecutive steps whose launchers carry a ``segment`` on one stream as one graph (then
+    launched: a capture records the work, it does not run it); the steps as later runs
+    execute them, each captured group one step. A group that cannot be captured (a value
+    it reads from outside is not the one its launchers bound, the provider refuses) keeps
+    its steps."""
+    program: list[Any] = []
+    i, n = 0, len(steps)
+    while i < n:
+        seg = getattr(steps[i][0], "segment", None)
+        j = i + 1
+        if seg is not None:
+            while j < n:
+                nxt = getattr(steps[j][0], "segment", None)
+                if nxt is None or nxt[0] is not seg[0]:
+                    break
+                j += 1
+        group = tuple(steps[i:j])
+        step = _captured_group(group, values) if j - i >= 2 else None
+        if step is None:
+            _run_steps(group, values, where, run_options)
+            program.extend(group)
+        else:
+            _run_steps((step,), values, where, run_options)
+            program.append(step)
+        i = j
+    return program
+
+
+def _captured_group(
+    group: tuple[tuple[Callable[[Any], Any], Any, tuple[int, ...]], ...], values: list[Any]
+) -> tuple[Callable[[Any], Any], None, tuple[int, ...]] | None:
+    """``group``'s steps captured as one graph, as one step (run it to run them); None where
+    they cannot be. Each launcher's ``segment`` is (stream, its (slot, value) inputs, its
+    (slot, value) outputs, a function capturing a call's work on the stream as a graph, or
+    returning None)."""
+    segs = [st[0].segment for st in group]  # type: ignore[attr-defined]
+    produced: set[int] = set()
+    reads: dict[int, Any] = {}
+    sets: list[tuple[int, Any]] = []
+    for seg in segs:
+        for s, v in seg[1]:
+            if s not in produced:
+                reads.setdefault(s, v)
+        for s, v in seg[2]:
+            produced.add(s)
+            sets.append((s, v))
+    checks = tuple(reads.items())
+    if any(values[s] is not v for s, v in checks):
+        return None
+
+    def work() -> None:
+        for st in group:
+            st[0](st[1])
+
+    graph = segs[0][3](work)
+    if graph is None:
+        return None
+    release = tuple(r for st in group for r in st[2])
+
+    def launch(_: Any) -> None:
+        for s, v in checks:
+            if values[s] is not v:  # something else to read: the steps one by one
+                for st in group:
+                    st[0](st[1])
+                    for r in st[2]:
+                        values[r] = None
+                return
+        for s, v in sets:
+            values[s] = v
+        graph()
+
+    return (launch, None, release)
 
 
 def _binder(frame: Frame, index: int, kernel: Kernel, release: tuple[int, ...]) -> Any:

@@ -28,7 +28,7 @@ from onnxplug.ep import (
 )
 
 from .allocator import is_live
-from .stream import submit
+from .stream import VirtStream, submit
 
 REGISTRY = KernelRegistry("VirtualDeviceExecutionProvider")
 FLOATS = dtypes("float32", "float64")
@@ -53,7 +53,41 @@ class VirtKernel(Kernel):
             )
         return x
 
+    _bound: list[Callable[[], Any]] | None = None  # the work queued while binding
+
+    def bind(self, ctx: KernelContext) -> Callable[[KernelContext], None] | None:
+        """With the ``segments`` option: a launcher that re-queues the work ``compute`` queued
+        (its views stay valid: the frame's memory is fixed), capturable with its neighbours
+        (``segment``); else ``compute`` on every run."""
+        stream = ctx.stream
+        if not self.info.ep.segments or not isinstance(stream, VirtStream):
+            return super().bind(ctx)
+        self._bound = works = []
+        try:
+            self.compute(ctx)
+        finally:
+            self._bound = None
+        values = ctx.values
+        ins = tuple((s, values[s]) for s in ctx.in_slots if s >= 0)
+        outs = tuple((s, values[s]) for s in ctx.out_slots if s >= 0)
+        compute = self.compute
+
+        def launcher(c: KernelContext) -> None:
+            for s, t in ins:
+                if values[s] is not t:
+                    compute(c)
+                    return
+            for s, t in outs:
+                values[s] = t
+            for w in works:
+                stream.enqueue(w)
+
+        launcher.segment = (stream, ins, outs, stream.graph_of)  # type: ignore[attr-defined]
+        return launcher
+
     def launch(self, ctx: KernelContext, work: Callable[[], Any]) -> None:
+        if self._bound is not None:
+            self._bound.append(work)
         factory = self.info.ep.factory
         factory.stats.add(f"op:{self.info.op_type}")
         rendezvous = factory.rendezvous

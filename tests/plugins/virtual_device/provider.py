@@ -42,7 +42,9 @@ class VirtualDeviceEp(Ep):
     has a kernel for), ``streams`` (``deferred``: a queued stream per frame, the default;
     ``none``: no stream, kernels run synchronously; ``unified``: one queued stream for every
     run, which the provider owns), ``enable_graph`` (``1``: capture and replay graphs of the
-    queued work, like CUDA graphs) and ``graph_warmup_runs`` (default 2).
+    queued work, like CUDA graphs), ``graph_warmup_runs`` (default 2) and ``segments`` (``1``:
+    kernels bind launchers that re-queue their work and that the executor may capture with
+    their neighbours as one graph, as the CUDA provider's node graphs are).
     """
 
     def __init__(self, factory: VirtualDeviceFactory, ep_device: EpDevice, config: SessionConfig):
@@ -58,6 +60,7 @@ class VirtualDeviceEp(Ep):
             raise ValueError(f"streams must be one of {STREAM_MODES}, got '{self.stream_mode}'")
         self.enable_graph = self.options.get("enable_graph", "0") == "1"
         self.warmup_runs = int(self.options.get("graph_warmup_runs", "2"))
+        self.segments = self.options.get("segments", "0") == "1"
         self._graphs: dict[int, tuple[VirtStream, list]] = {}
         self._unified: VirtStream | None = None
         factory.eps_created += 1

@@ -137,6 +137,26 @@ class VirtStream(SyncStream):
         self.capturing = False
         return recorded
 
+    def graph_of(self, work: Callable[[], None]) -> Callable[[], None] | None:
+        """``work``'s queued work recorded as a graph: a call that queues it again; None
+        where ``work`` fails while recording (a synchronisation, say)."""
+        self.begin_recording()
+        try:
+            work()
+        except Exception:
+            self.end_recording()
+            self.stats.add("segments_refused")
+            return None
+        recorded = self.end_recording()
+        self.stats.add("segments_captured")
+
+        def launch() -> None:
+            self.stats.add("segment_launches")
+            for fn in recorded:
+                self.enqueue(fn)
+
+        return launch
+
     def close(self) -> None:
         if not self.closed:
             self.flush()

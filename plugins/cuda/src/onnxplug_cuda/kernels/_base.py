@@ -195,6 +195,22 @@ class CudaKernel(Kernel):
         for _, v in ins + outs:
             if isinstance(v, DeviceTensor) and v.stable_view is None:
                 return None  # memory that changes from run to run: nothing to bind to
+        launcher = self._identity_checked(ctx, run, ins, outs)
+        if isinstance(run, NodeGraph) or run is _NOOP:
+            # capturable with its neighbours as one graph (executor.segment_program)
+            launcher.segment = (  # type: ignore[attr-defined]
+                ctx.stream,
+                ins,
+                outs,
+                lambda work: node_graph(self, ctx, work, whole=True),
+            )
+        return launcher
+
+    def _identity_checked(
+        self, ctx: KernelContext, run: Callable[[], None], ins: tuple, outs: tuple
+    ) -> Callable[[KernelContext], None]:
+        """``run`` where the inputs are the tensors bound (``ins``), ``compute`` otherwise."""
+        values = ctx.values
         compute = self.compute
         if len(ins) == 1 and len(outs) == 1:
             ((si, ti),) = ins
@@ -323,10 +339,14 @@ class CallListKernel(CudaKernel):
         return function_launch(fn, grid, block, args, stream)
 
 
-def node_graph(kernel: CudaKernel, ctx: KernelContext, work: Callable[[], None]) -> Any:
+def node_graph(
+    kernel: CudaKernel, ctx: KernelContext, work: Callable[[], None], whole: bool = False
+) -> Any:
     """``work`` (one node's work on its stream, whose pointers stay fixed) captured once as a
     CUDA graph: a ``NodeGraph`` to call instead; None where it cannot be (the host simulation,
-    a stream that captures a whole run already, work that refuses capture)."""
+    a stream that captures a whole run already, work that refuses capture). ``whole``: the
+    work of several nodes (a segment of an eager run), launched without the interpreter lock
+    (``CupyBackend.launch_graph``)."""
     stream = ctx.stream
     if kernel.xp is np or stream is None or not hasattr(stream, "capture_call"):
         return None
@@ -341,7 +361,10 @@ def node_graph(kernel: CudaKernel, ctx: KernelContext, work: Callable[[], None])
         if scratch is not None:
             scratch.release_held(held)
         return None
-    return NodeGraph(exe, stream, kernel.be, work, scratch, held)
+    be = kernel.be
+    return NodeGraph(
+        exe, stream, be.launch_graph if whole else be.launch_node_graph, work, scratch, held
+    )
 
 
 class NodeGraph:
@@ -351,11 +374,11 @@ class NodeGraph:
     __slots__ = ("eager", "exe", "held", "launch", "scratch", "stream")
 
     def __init__(
-        self, exe: Any, stream: Any, backend: Any, eager: Any, scratch: Any, held: list[int]
+        self, exe: Any, stream: Any, launch: Any, eager: Any, scratch: Any, held: list[int]
     ):
         self.exe = exe
         self.stream = stream
-        self.launch = backend.launch_node_graph
+        self.launch = launch
         self.eager = eager
         self.scratch = scratch  # the frame's, whose value blocks in ``held`` the graph uses
         self.held = held
