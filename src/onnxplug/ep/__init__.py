@@ -34,6 +34,7 @@ from ..framework.kernel import (
     KernelDef,
     KernelInfo,
     KernelRegistry,
+    bound_launcher,
     dtypes,
     types_match,
 )
@@ -142,6 +143,7 @@ __all__ = [
     "allocate",
     "allocate_tensor",
     "await_ready",
+    "bound_launcher",
     "copy_host_bytes",
     "counters",
     "current_scratch",

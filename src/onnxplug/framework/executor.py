@@ -758,13 +758,12 @@ class GraphRunner:
                 self._execute_profiled(frame, where, run_options, profiler, timing)
             else:
                 program = frame.program
-                if program is None or program is _BOUND:
-                    if program is _BOUND and self.capture is None:
-                        frame.program = segment_program(frame.steps, values, where, run_options)
-                    else:
-                        _run_steps(frame.steps, values, where, run_options)
-                        # bound now; a graph-capturing runner replays whole runs instead
-                        frame.program = _BOUND if self.capture is None else frame.steps
+                if program is _BOUND:
+                    frame.program = segment_program(frame.steps, values, where, run_options)
+                elif program is None:  # the binding run
+                    _run_steps(frame.steps, values, where, run_options)
+                    # a graph-capturing runner replays whole runs: no segments there
+                    frame.program = _BOUND if self.capture is None else frame.steps
                 else:
                     _run_steps(program, values, where, run_options)
             where[0] = None
@@ -1117,7 +1116,7 @@ def _run_steps(
             values[r] = None
 
 
-_BOUND = [("the frame's steps are bound",)]  # a marker: Frame.program after the binding run
+_BOUND: list[Any] = []  # a marker (by identity): Frame.program after the binding run
 
 
 def segment_program(
@@ -1189,10 +1188,7 @@ def _captured_group(
     def launch(_: Any) -> None:
         for s, v in checks:
             if values[s] is not v:  # something else to read: the steps one by one
-                for st in group:
-                    st[0](st[1])
-                    for r in st[2]:
-                        values[r] = None
+                _run_steps(group, values, [None], None)
                 return
         for s, v in sets:
             values[s] = v

@@ -410,7 +410,7 @@ class Kernel:
 
         The executor hands out the same tensor objects for a frame's planned values every
         run, so a launcher checks that its inputs are the objects it bound (``is``) and falls
-        back to ``compute`` when one is not."""
+        back to ``compute`` when one is not: ``bound_launcher`` makes one."""
         self.compute(ctx)
         return None
 
@@ -421,6 +421,63 @@ class Kernel:
         device code once (not ``compute``'s for the first run, then the prepared form's) and
         the first run gives the later runs' results."""
         self.compute(ctx)
+
+
+def bound_launcher(
+    ctx: KernelContext,
+    run: Callable[[], None],
+    compute: Callable[[KernelContext], None],
+    graph_of: Callable[[Callable[[], None]], Any] | None = None,
+) -> Callable[[KernelContext], None]:
+    """A launcher for ``Kernel.bind`` to return: ``run()`` (the node's work with what it reads
+    and writes bound) where the frame's inputs are still the objects they are now, after putting
+    the outputs bound now back in the frame; ``compute`` otherwise. With ``graph_of`` (a function
+    capturing a call's work on the node's stream as a graph, returning a call that launches it,
+    or None) the executor may capture the launcher with its neighbours on that stream as one
+    graph (``executor.segment_program``, through the launcher's ``segment``)."""
+    values = ctx.values
+    ins = tuple((s, values[s]) for s in ctx.in_slots if s >= 0)
+    outs = tuple((s, values[s]) for s in ctx.out_slots if s >= 0)
+    launcher: Callable[[KernelContext], None]
+    if len(ins) == 1 and len(outs) == 1:  # the usual shapes, without the loops
+        ((si, ti),) = ins
+        ((so, to),) = outs
+
+        def one(c: KernelContext) -> None:
+            if values[si] is ti:
+                values[so] = to
+                run()
+            else:
+                compute(c)
+
+        launcher = one
+    elif len(ins) == 2 and len(outs) == 1:
+        (sa, ta), (sb, tb) = ins
+        ((so, to),) = outs
+
+        def two(c: KernelContext) -> None:
+            if values[sa] is ta and values[sb] is tb:
+                values[so] = to
+                run()
+            else:
+                compute(c)
+
+        launcher = two
+    else:
+
+        def many(c: KernelContext) -> None:
+            for s, t in ins:
+                if values[s] is not t:
+                    compute(c)
+                    return
+            for s, t in outs:
+                values[s] = t
+            run()
+
+        launcher = many
+    if graph_of is not None:
+        launcher.segment = (ctx.stream, ins, outs, graph_of)  # type: ignore[attr-defined]
+    return launcher
 
 
 class KernelContext:

@@ -22,6 +22,7 @@ from onnxplug.ep import (
     KernelRegistry,
     LoopKernel,
     MemType,
+    bound_launcher,
     dtypes,
     host_view,
     shapes,
@@ -67,23 +68,12 @@ class VirtKernel(Kernel):
             self.compute(ctx)
         finally:
             self._bound = None
-        values = ctx.values
-        ins = tuple((s, values[s]) for s in ctx.in_slots if s >= 0)
-        outs = tuple((s, values[s]) for s in ctx.out_slots if s >= 0)
-        compute = self.compute
 
-        def launcher(c: KernelContext) -> None:
-            for s, t in ins:
-                if values[s] is not t:
-                    compute(c)
-                    return
-            for s, t in outs:
-                values[s] = t
+        def run() -> None:
             for w in works:
                 stream.enqueue(w)
 
-        launcher.segment = (stream, ins, outs, stream.graph_of)  # type: ignore[attr-defined]
-        return launcher
+        return bound_launcher(ctx, run, self.compute, stream.graph_of)
 
     def launch(self, ctx: KernelContext, work: Callable[[], Any]) -> None:
         if self._bound is not None:

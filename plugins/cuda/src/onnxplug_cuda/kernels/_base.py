@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from onnxplug.ep import DeviceTensor, Kernel, KernelContext, KernelInfo, current_scratch, dtypes
+from onnxplug.ep import (
+    DeviceTensor,
+    Kernel,
+    KernelContext,
+    KernelInfo,
+    bound_launcher,
+    current_scratch,
+    dtypes,
+)
 
 from ..compiler import precompile
 from ..launch import _NOOP, ShapeOnly, bound_calls, dry_compiles, function_launch
@@ -190,63 +198,17 @@ class CudaKernel(Kernel):
         self, ctx: KernelContext, run: Callable[[], None]
     ) -> Callable[[KernelContext], None] | None:
         values = ctx.values
-        ins = tuple((s, values[s]) for s in ctx.in_slots if s >= 0)
-        outs = tuple((s, values[s]) for s in ctx.out_slots if s >= 0)
-        for _, v in ins + outs:
+        for s in (*ctx.in_slots, *ctx.out_slots):
+            v = values[s] if s >= 0 else None
             if isinstance(v, DeviceTensor) and v.stable_view is None:
                 return None  # memory that changes from run to run: nothing to bind to
-        launcher = self._identity_checked(ctx, run, ins, outs)
+        graph_of = None
         if isinstance(run, NodeGraph) or run is _NOOP:
             # capturable with its neighbours as one graph (executor.segment_program)
-            launcher.segment = (  # type: ignore[attr-defined]
-                ctx.stream,
-                ins,
-                outs,
-                lambda work: node_graph(self, ctx, work, whole=True),
-            )
-        return launcher
+            def graph_of(work: Callable[[], None]) -> Any:
+                return node_graph(self, ctx, work, whole=True)
 
-    def _identity_checked(
-        self, ctx: KernelContext, run: Callable[[], None], ins: tuple, outs: tuple
-    ) -> Callable[[KernelContext], None]:
-        """``run`` where the inputs are the tensors bound (``ins``), ``compute`` otherwise."""
-        values = ctx.values
-        compute = self.compute
-        if len(ins) == 1 and len(outs) == 1:
-            ((si, ti),) = ins
-            ((so, to),) = outs
-
-            def one(ctx: KernelContext) -> None:
-                if values[si] is ti:
-                    values[so] = to
-                    run()
-                else:
-                    compute(ctx)
-
-            return one
-        if len(ins) == 2 and len(outs) == 1:
-            (sa, ta), (sb, tb) = ins
-            ((so, to),) = outs
-
-            def two(ctx: KernelContext) -> None:
-                if values[sa] is ta and values[sb] is tb:
-                    values[so] = to
-                    run()
-                else:
-                    compute(ctx)
-
-            return two
-
-        def many(ctx: KernelContext) -> None:
-            for s, t in ins:
-                if values[s] is not t:
-                    compute(ctx)
-                    return
-            for s, t in outs:
-                values[s] = t
-            run()
-
-        return many
+        return bound_launcher(ctx, run, self.compute, graph_of)
 
     def arg(self, ctx: KernelContext, i: int) -> Any:
         """Input ``i`` as an array (None when an optional input is absent)."""
