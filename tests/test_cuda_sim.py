@@ -7,6 +7,7 @@ CUDA kernel's shape, indexing and dtype logic on the ONNX node suite without a G
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -175,6 +176,97 @@ def test_a_user_stream_object_carries_every_run(sim, how):
     assert {st.handle for st in streams} == {0xABC0} and len(streams) == 1
     (user,) = streams
     assert not user.frame_owned  # shared by the frames, which never close it
+
+
+@pytest.mark.parametrize("handle", [0, 1])
+def test_a_users_legacy_default_stream_is_joined_by_a_stream_of_the_sessions(sim, handle):
+    # PyTorch's default current stream is the legacy default stream (0; 1 is
+    # cudaStreamLegacy), which cannot capture a graph: the work goes on a stream of the
+    # session's, which every run joins to the user's stream at its start (and end)
+    s = ox.InferenceSession(
+        _relu_model(),
+        providers=[(sim, {"user_compute_stream": _UserStream(handle)}), "CPUExecutionProvider"],
+    )
+    x = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
+    for _ in range(5):
+        y = s.run(None, {"x": x})[0]
+        np.testing.assert_allclose(y, 1 / (1 + np.exp(-np.maximum(x, 0))), rtol=1e-6)
+    (stream,) = _frame_streams(s)
+    assert stream.joined == handle and stream.handle not in (0, 1)
+    # every run started after the work on the user's stream, which waited for the run at its end
+    assert stream.joins == {"waits_for_user": 5, "user_waits": 5}
+    assert s.get_provider_options()[sim]["user_compute_stream"] == str(handle)
+
+
+def test_an_external_allocator_joins_its_blocks_to_the_legacy_default_stream(sim):
+    # onnxruntime runs an external allocator's session on the legacy default stream; ours
+    # runs on a stream joined to it, and the allocator joins each block too
+    blocks: dict[int, np.ndarray] = {}  # the simulated device's memory is the host's
+
+    def alloc(n: int) -> int:
+        b = np.empty(max(n, 1), np.uint8)
+        blocks[b.ctypes.data] = b
+        return b.ctypes.data
+
+    opts = {"gpu_external_alloc": alloc, "gpu_external_free": lambda p: blocks.pop(p)}
+    s = ox.InferenceSession(_relu_model(), providers=[(sim, opts), "CPUExecutionProvider"])
+    x = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+    for _ in range(3):
+        y = s.run(None, {"x": x})[0]
+        np.testing.assert_allclose(y, 1 / (1 + np.exp(-np.maximum(x, 0))), rtol=1e-6)
+    (stream,) = _frame_streams(s)
+    assert stream.joined == 0 and stream.handle != 0
+    assert s._eps[0]._external.stream is stream
+    assert stream.joins["user_waits"] >= 3 and stream.joins["waits_for_user"] >= 3
+    del s, stream
+    gc.collect()
+    assert not blocks  # every block went back to the user's allocator, the frames' too
+
+
+class _JoinedStream:
+    """What ExternalDeviceAllocator asks of the stream it joins, recording the order."""
+
+    handle = 0xE0
+    capturing = False
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def wait_for_user(self) -> None:
+        self.log.append("stream waits for user")
+
+    def user_waits(self) -> None:
+        self.log.append("user waits for stream")
+
+
+def test_external_blocks_are_ordered_with_the_users_stream_and_frees_wait_for_a_capture(sim):
+    from onnxplug.ep import Device, MemoryInfo
+    from onnxplug_cuda import runtime
+    from onnxplug_cuda.memory import ExternalDeviceAllocator
+
+    log: list = []
+
+    def alloc(n: int) -> int:
+        log.append("user alloc")
+        return 0x1000
+
+    info = MemoryInfo("Cuda", Device("cuda", 0))
+    a = ExternalDeviceAllocator(info, alloc, lambda p: log.append("user free"))
+    a.stream = _JoinedStream(log)
+    p = a.alloc(64)
+    a.free(p)
+    assert log == ["user alloc", "stream waits for user", "user waits for stream", "user free"]
+    log.clear()
+    p = a.alloc(64)
+    runtime.capture_started(a.stream.handle)  # a free while the stream records a graph...
+    try:
+        a.free(p)
+        assert log == ["user alloc", "stream waits for user"]
+        assert a.get_stats()["InUse"] == 64
+    finally:
+        runtime.capture_stopped(a.stream.handle)  # ...happens at the capture's end
+    assert log[2:] == ["user waits for stream", "user free"]
+    assert a.get_stats()["InUse"] == 0
 
 
 def test_user_stream_and_external_allocator_fail_at_session_creation(sim):

@@ -180,6 +180,24 @@ def test_failed_capture_is_abandoned_with_a_warning_and_the_run_is_correct(virt)
     assert stat(virt, "capture_begin") == 1
 
 
+def test_a_capture_that_cannot_start_leaves_the_runs_eager_with_a_warning(virt):
+    # a provider refusing to begin a capture (CUDA's legacy default stream, which an external
+    # allocator runs on) abandons the signature's graph; the runs are right and go on
+    model = graphs.chain("Relu", 3)
+    sess = graph_session(model, capture_refused="1")
+    want = cpu_outputs(model, {"x": rand(2, 3)})
+    with pytest.warns(RuntimeWarning, match="capture cannot start.*cannot capture a graph"):
+        for _ in range(3):  # the warm-up runs, then the capture's
+            assert_equal(sess.run(None, {"x": rand(2, 3)}), want)
+    (state,) = sess._runner.capture.states()
+    assert state[2] == "disabled"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            assert_equal(sess.run(None, {"x": rand(2, 3)}), want)
+    assert stat(virt, "capture_refused") == 1 and stat(virt, "capture_begin") == 0
+
+
 def test_a_stream_the_provider_shares_is_never_closed(virt):
     # streams=unified: the provider's one stream serves every frame, recording ones included
     model = graphs.chain("Relu", 2)

@@ -90,3 +90,29 @@ def test_no_block_is_handed_out_twice(ops):
             # what the graph holds is never handed out again while held
             assert not set(held) & {s.alloc(64 * (j + 1)) for j in range(4)} - set(live)
             s.release_held(held)
+
+
+def test_a_collected_session_closes_its_frames_and_their_scratch_gives_its_blocks_back(virt):
+    """A session that is dropped, not closed: its frames' scratch caches give their blocks
+    back to the provider's allocator (they once stayed with the caches, lost: with an external
+    allocator, blocks of the user's pool that never came back)."""
+    import gc
+
+    import numpy as np
+
+    import onnxplug as ox
+    from tests.plugins import graphs
+    from tests.plugins import virtual_device as vd
+
+    model = graphs.chain("Softmax", 2)  # Softmax takes a workspace from the frame's scratch
+    s = ox.InferenceSession(model, providers=[vd.NAME, "CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    for _ in range(3):
+        s.run(None, {"x": x})
+    caches = [
+        c for sig in s._runner._signatures.values() for f in sig.frames for c in f.scratch.values()
+    ]
+    assert caches and all(c.cached_bytes > 0 for c in caches)
+    del s
+    gc.collect()
+    assert all(c.closed and c.get_stats()["TotalAllocated"] == 0 for c in caches)

@@ -318,27 +318,107 @@ def test_cuda_array_interface_inputs_are_read_after_the_producers_stream():
     np.testing.assert_allclose(got, _reference(cp.asnumpy(want)), rtol=1e-5, atol=1e-6)
 
 
-def test_a_session_on_the_legacy_default_stream_runs_its_prepared_nodes_uncaptured():
-    """user_compute_stream=0 is the legacy default stream, which cannot capture a CUDA graph:
-    the nodes whose prepared form is a captured graph (cuDNN convolutions, cuBLASLt GEMMs) run
-    as plain calls there instead of failing (the external-allocator recipe hit this)."""
+def _convs() -> tuple[bytes, np.ndarray]:
+    """Conv -> Relu -> Conv: cuDNN convolutions, whose prepared form is a captured graph."""
     from onnx import numpy_helper
 
     rng = np.random.default_rng(5)
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
-    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1]),
+    ]
     g = helper.make_graph(
-        [node],
+        nodes,
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [w],
+        [w1, w2],
     )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
-    want = ox.InferenceSession(model, providers=[CPU]).run(None, x)[0]
-    s = ox.InferenceSession(
-        model, providers=[(CUDA, {"user_compute_stream": "0", "use_tf32": "0"})]
-    )
-    for _ in range(4):  # recording, binding (the capture attempt), prepared runs
-        np.testing.assert_allclose(s.run(None, x)[0], want, rtol=1e-4, atol=1e-4)
+    return model, rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+
+
+@pytest.mark.parametrize("graphs", ["0", "1"])
+def test_a_session_on_pytorchs_legacy_default_stream_captures_on_a_joined_stream(graphs):
+    """PyTorch's default current stream is the legacy default stream (handle 0), which
+    cannot capture a CUDA graph. The session works on a stream of its own joined to it at
+    each run's start and end: node graphs, eager segments and enable_cuda_graph all work
+    (the graph case failed the run before), and PyTorch's work before and after a run on its
+    stream is ordered with the run's without a synchronisation."""
+    torch = pytest.importorskip("torch")
+    model, x = _convs()
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, {"x": x})[0]
+    stream = torch.cuda.current_stream()
+    assert stream.cuda_stream == 0
+    opts = {"user_compute_stream": stream, "enable_cuda_graph": graphs, "use_tf32": "0"}
+    sess = ox.InferenceSession(model, providers=[(CUDA, opts)])
+    assert sess.get_provider_options()[CUDA]["user_compute_stream"] == "0"
+    xt = torch.from_numpy(x).cuda()
+    torch.cuda.synchronize()
+    got = []
+    for _ in range(6):
+        torch.cuda._sleep(20_000_000)  # PyTorch's work still running on the stream...
+        xin = xt * 1.0  # ...before the input is written
+        (y,) = sess.run_with_ort_values(None, {"x": xin})
+        got.append(torch.from_dlpack(y) * 2)  # after the run's work, without a sync
+    torch.cuda.synchronize()
+    for z in got:
+        np.testing.assert_allclose(z.cpu().numpy(), 2 * want, rtol=1e-4, atol=1e-4)
+    ep = next(e for e in sess._eps if e.name == CUDA)
+    assert ep._unified.joined == 0 and ep._unified.handle not in (0, 1)
+    if graphs == "1":
+        assert [st[2] for st in sess._runner.capture.states()] == ["captured"]
+    else:
+        frame = next(iter(sess._runner._signatures.values())).frames[0]
+        assert any(step[1] is None for step in frame.program)  # the convs' graphs as one
+
+
+@pytest.mark.parametrize("graphs", ["0", "1"])
+def test_an_external_allocator_session_captures_on_a_stream_joined_to_the_legacy_one(graphs):
+    """An external allocator orders its blocks on the legacy default stream, which onnxruntime
+    runs the session on; that stream cannot capture. The session works on a stream joined to
+    it, node graphs, eager segments and enable_cuda_graph work (the graph case failed the
+    run before), and every block goes back to the user's allocator."""
+    import warnings
+
+    from cupy.cuda import runtime
+
+    blocks: set[int] = set()  # cudaMalloc's (CuPy's allocator is the session's during a run)
+
+    def alloc(n: int) -> int:
+        ptr = runtime.malloc(max(n, 1))
+        blocks.add(ptr)
+        return ptr
+
+    def free(ptr: int) -> None:
+        blocks.remove(ptr)
+        runtime.free(ptr)
+
+    model, x = _convs()
+    want = ox.InferenceSession(model, providers=[CPU]).run(None, {"x": x})[0]
+    opts = {
+        "gpu_external_alloc": alloc,
+        "gpu_external_free": free,
+        "enable_cuda_graph": graphs,
+        "use_tf32": "0",
+    }
+    s = ox.InferenceSession(model, providers=[(CUDA, opts)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no capture abandoned
+        for _ in range(5):
+            np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    ep = next(e for e in s._eps if e.name == CUDA)
+    assert ep._unified.joined == 0 and ep._unified.handle not in (0, 1)
+    assert ep._external.stream is ep._unified
+    if graphs == "1":
+        assert [st[2] for st in s._runner.capture.states()] == ["captured"]
+    else:
+        program = next(iter(s._runner._signatures.values())).frames[0].program
+        assert any(step[1] is None for step in program)  # the convs' graphs as one
+        del program  # (what the frame ran: it keeps the frame's graphs)
+    del s, ep
+    gc.collect()
+    assert not blocks  # every block went back to the user's allocator

@@ -533,7 +533,12 @@ class GraphCapture:
         saved = [(s, values[s]) for s in seg.import_slots]
         caches = list(frame.scratch.values())
         ep = seg.ep
-        ep.begin_graph_capture(seg.stream)
+        try:
+            ep.begin_graph_capture(seg.stream)
+        except Exception as e:  # a stream that cannot capture: the run goes on without graphs
+            self._disable(ctx, f"the capture cannot start: {type(e).__name__}: {e}")
+            _run_steps(steps, values, where, run_options)
+            return
         for c in caches:
             c.capturing = True
             c.begin_hold()  # the temporaries the graph writes on every replay stay its own

@@ -471,6 +471,7 @@ class InferenceSession:
         self._memory = self._resources.memory = SessionAllocators(self._env, use_env)
         ctx = BuildContext(self._eps, self._env.transfer, self._memory.allocator_for)
         self._runner, self._feed_devices = build_runner(self._graph, ctx)
+        self._resources.runner = self._runner
         # the runner's feeds: graph inputs that are not (constant) initializers, in order
         self._feed_vis = [
             vi for vi in self._graph.inputs if vi.name not in self._graph.initializers
@@ -1025,13 +1026,22 @@ def unexpected_errors_typed(stage: str) -> Iterator[None]:
 
 
 class _SessionResources:
-    """The providers and allocator references of a session, released when it is collected."""
+    """The runner, providers and allocator references of a session, released when it is
+    collected: the runner's frames first (their scratch caches give their free blocks back to
+    the allocators, a user's external one included), then the providers."""
 
     def __init__(self) -> None:
+        self.runner: Any = None
         self.eps: list[Ep] = []
         self.memory: SessionAllocators | None = None
 
     def release(self) -> None:
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            try:
+                runner.close()
+            except Exception as e:  # the providers' resources go all the same
+                log.log(log.severity_of(logging.WARNING), f"closing the session's runs failed: {e}")
         eps, self.eps = self.eps, []
         for ep in eps:
             try:

@@ -44,7 +44,8 @@ class VirtualDeviceEp(Ep):
     run, which the provider owns), ``enable_graph`` (``1``: capture and replay graphs of the
     queued work, like CUDA graphs), ``graph_warmup_runs`` (default 2) and ``segments`` (``1``:
     kernels bind launchers that re-queue their work and that the executor may capture with
-    their neighbours as one graph, as the CUDA provider's node graphs are).
+    their neighbours as one graph, as the CUDA provider's node graphs are), ``capture_refused``
+    (``1``: a graph capture cannot start, as on CUDA's legacy default stream).
     """
 
     def __init__(self, factory: VirtualDeviceFactory, ep_device: EpDevice, config: SessionConfig):
@@ -61,6 +62,7 @@ class VirtualDeviceEp(Ep):
         self.enable_graph = self.options.get("enable_graph", "0") == "1"
         self.warmup_runs = int(self.options.get("graph_warmup_runs", "2"))
         self.segments = self.options.get("segments", "0") == "1"
+        self.capture_refused = self.options.get("capture_refused", "0") == "1"
         self._graphs: dict[int, tuple[VirtStream, list]] = {}
         self._unified: VirtStream | None = None
         factory.eps_created += 1
@@ -106,6 +108,9 @@ class VirtualDeviceEp(Ep):
         return self.warmup_runs
 
     def begin_graph_capture(self, stream: VirtStream) -> None:
+        if self.capture_refused:
+            self.stats.add("capture_refused")
+            raise RuntimeError("this stream cannot capture a graph")
         self.stats.add("capture_begin")
         stream.begin_recording()
 

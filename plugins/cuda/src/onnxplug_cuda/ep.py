@@ -197,10 +197,14 @@ class CudaEp(Ep):
             with self._lock:
                 if self._unified is None:
                     user = o.user_compute_stream if o.has_user_compute_stream else None
-                    if user is None and o.uses_external_allocator:
+                    external = self.get_allocator(self.ep_device.memory_info)
+                    if user is None and external is not None:
                         user = 0  # onnxruntime: external allocator runs on the default stream
                     # shared by every frame: the frames never close it, the EP does
                     self._unified = self.factory.create_stream(self, user, shared=True)
+                    if external is not None:
+                        # its blocks' uses ordered with the user's stream, which it joins
+                        external.stream = self._unified
                 return self._unified
         s = self.factory.create_stream(self, None)
         with self._lock:
@@ -240,6 +244,9 @@ class CudaEp(Ep):
             guard = tls.guard = self.device_guard()
         guard.__enter__()
         tls.token = self.backend.enter_run(self.run_allocator())
+        unified = self._unified
+        if unified is not None and unified.joined is not None:
+            unified.begin_run()  # after the user's legacy default stream's work so far
 
     def on_run_end(self, run_options: Any, sync_stream: bool) -> None:
         tls = self._run_tokens

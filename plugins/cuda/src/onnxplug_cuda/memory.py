@@ -296,7 +296,17 @@ class ExternalDeviceAllocator(CountingAllocator):
     one session and with no arena on top. Each callback is a Python callable (``alloc(size) ->
     address``, ``free(address)``, ``empty_cache()``) or the address of a C function ``void*
     alloc(size_t)``, ``void free(void*)``, ``void empty_cache()`` (e.g. PyTorch's caching
-    allocator hooks)."""
+    allocator hooks).
+
+    The user's allocator orders its blocks' reuse on the legacy default stream (PyTorch's
+    caching allocator reuses a freed block at once for work on the stream it was allocated
+    on). The session works on a stream of its own joined to that one (``stream``, set with
+    it: ``CudaSyncStream``), so each block joins too: the session's stream waits for the
+    user's stream's work when it gets a block, and the user's stream for the session's work
+    before a block goes back; a free while the stream captures a graph waits for the
+    capture's end."""
+
+    stream: Any = None  # the session's stream, joined to the user's legacy default stream
 
     def __init__(
         self, memory_info: MemoryInfo, alloc_fn: Any, free_fn: Any, empty_cache_fn: Any = 0
@@ -315,9 +325,22 @@ class ExternalDeviceAllocator(CountingAllocator):
             self._empty = _c_function(empty_cache_fn, None)
 
     def _raw_alloc(self, size: int) -> int:
-        return int(self._alloc(size) or 0)
+        ptr = int(self._alloc(size) or 0)
+        stream = self.stream
+        if ptr and stream is not None and not stream.capturing:
+            stream.wait_for_user()  # after the user's work on the block before it was freed
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        stream = self.stream
+        if stream is not None and ptr in self._live and defer_free(self, ptr, stream.handle):
+            return  # the stream records a graph: the free waits for the capture's end
+        super().free(ptr)
 
     def _raw_free(self, ptr: int) -> None:
+        stream = self.stream
+        if stream is not None:
+            stream.user_waits()  # the user's later work on the block after the session's
         self._free(ptr)
 
     def failure_reason(self) -> str:

@@ -30,7 +30,7 @@ from onnxplug.ep import (
 )
 
 from .factory import CudaEpFactory
-from .runtime import CudaDeviceInfo
+from .runtime import LEGACY_DEFAULT_STREAMS, CudaDeviceInfo
 
 SIM_NAME = "CUDASimExecutionProvider"
 SIM_TYPE = "cudasim"
@@ -77,11 +77,34 @@ def check_current(ordinal: int, what: str) -> None:
 class SimStream(ImmediateStream):
     """Work runs at once on the host, so there is nothing to wait for. Its ``handle`` is the
     user's stream handle for a user's stream (``user_compute_stream``), else a number of its
-    own, so that tests can see which stream a run used."""
+    own, so that tests can see which stream a run used; a user's legacy default stream is
+    ``joined`` (``CudaSyncStream``): the work goes on a stream of its own, and ``joins``
+    counts the times it waited for the user's stream and the user's stream for it."""
 
     def __init__(self, device: Device, user_handle: int | None = None):
         super().__init__(device)
-        self._handle = id(self) if user_handle is None else int(user_handle)
+        user = None if user_handle is None else int(user_handle)
+        self.joined = user if user in LEGACY_DEFAULT_STREAMS else None
+        self.joins = {"waits_for_user": 0, "user_waits": 0}
+        self._handle = user if user is not None and self.joined is None else id(self)
+        if self.joined is not None:
+            self.wait_for_user()  # created within a run: that run's start
+
+    def begin_run(self) -> None:
+        if self.joined is not None:
+            self.wait_for_user()
+
+    def wait_for_user(self) -> None:
+        check_current(self.device.id, "a stream's join")
+        self.joins["waits_for_user"] += 1
+
+    def user_waits(self) -> None:
+        self.joins["user_waits"] += 1
+
+    def on_session_run_end(self) -> None:
+        if self.joined is not None:
+            self.user_waits()
+        super().on_session_run_end()
 
     @property
     def handle(self) -> int:

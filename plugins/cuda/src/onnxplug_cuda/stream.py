@@ -15,6 +15,7 @@ from onnxplug.ep import (
 )
 
 from .runtime import (
+    LEGACY_DEFAULT_STREAMS,
     CudaError,
     DeviceGuard,
     call,
@@ -108,7 +109,17 @@ class CudaEventTimer(DeviceTimer):
 
 
 class CudaSyncStream(SyncStream):
-    """A CUDA stream (owned, or the user's) and the library handles bound to it."""
+    """A CUDA stream (owned, or the user's) and the library handles bound to it.
+
+    A user's legacy default stream (``user_compute_stream=0``, PyTorch's default current
+    stream) cannot capture a CUDA graph, which node graphs, eager segments and
+    ``enable_cuda_graph`` all need. The session's work then goes on a non-blocking stream of
+    its own, ``joined`` to the user's: each run starts after the work queued on the user's
+    stream so far (``begin_run``) and the user's stream waits for the run's work at its end,
+    through events, without a host wait. An external allocator, which runs the session on the
+    legacy default stream as in onnxruntime, joins at each allocation and free too
+    (``ExternalDeviceAllocator``), so the user's pool sees its blocks used in the user's
+    stream's order."""
 
     def __init__(
         self,
@@ -125,13 +136,27 @@ class CudaSyncStream(SyncStream):
         self.frame_owned = self.owned and not shared
         self.enable_cudnn = enable_cudnn
         self._on_close = on_close
-        if self.owned:
+        user = None if user_handle is None else int(user_handle or 0)
+        self.joined = user if user in LEGACY_DEFAULT_STREAMS else None
+        self._joins: tuple[Any, Any] | None = None  # (run start's event, run end's event)
+        self._ours = user is None or self.joined is not None  # created here, destroyed here
+        if self._ours:
             rt = cudart()
             with DeviceGuard(ordinal):
                 s = call(
                     "cudaStreamCreateWithFlags", rt.streamCreateWithFlags, rt.streamNonBlocking
                 )
-            self._handle = int(s)
+                self._handle = int(s)
+                if self.joined is not None:
+                    self._joins = tuple(  # type: ignore[assignment]
+                        call(
+                            "cudaEventCreateWithFlags",
+                            rt.eventCreateWithFlags,
+                            rt.eventDisableTiming,
+                        )
+                        for _ in range(2)
+                    )
+                    self.wait_for_user()  # created within a run: that run's start
         else:
             self._handle = int(user_handle or 0)
         self._cublaslt: Any = None
@@ -199,22 +224,52 @@ class CudaSyncStream(SyncStream):
             finally:
                 rt.eventDestroy(event)  # released once the wait is satisfied
 
+    def begin_run(self) -> None:
+        """A run starts: a stream joined to a user's legacy default stream waits for the work
+        queued there so far."""
+        if self._joins is not None:
+            self.wait_for_user()
+
+    def wait_for_user(self) -> None:
+        """This (joined) stream's later work waits for the work queued on the user's stream so
+        far."""
+        joins = self._joins
+        if joins is None:
+            return  # closed (drained): nothing of this stream's is left to order
+        rt = cudart()
+        with DeviceGuard(self.ordinal):  # handle 0 names the current device's stream
+            call("cudaEventRecord", rt.eventRecord, joins[0], self.joined)
+            call("cudaStreamWaitEvent", rt.streamWaitEvent, self._handle, joins[0])
+
+    def user_waits(self) -> None:
+        """The user's stream's later work (a PyTorch op reading an output, a block's reuse)
+        waits for the work queued on this (joined) stream so far."""
+        joins = self._joins
+        if joins is None or self.capturing:
+            return  # closed (drained), or capturing: nothing queued runs before the launch
+        rt = cudart()
+        with DeviceGuard(self.ordinal):
+            call("cudaEventRecord", rt.eventRecord, joins[1], self._handle)
+            call("cudaStreamWaitEvent", rt.streamWaitEvent, self.joined, joins[1])
+
     def is_capturing(self) -> bool:
         return bool(call("cudaStreamIsCapturing", cudart().streamIsCapturing, self._handle))
 
     def flush(self) -> None:
         if self.capturing:
             raise GraphCaptureViolation("a host synchronisation on a stream capturing a graph")
-        if not self.owned and self.is_capturing():
+        if not self._ours and self.is_capturing():
             return  # never synchronise a user's stream while its owner captures a graph
         counters.bump(counters.HOST_SYNCS)
         call("cudaStreamSynchronize", cudart().streamSynchronize, self._handle)
 
     def on_session_run_end(self) -> None:
+        if self._joins is not None:
+            self.user_waits()
         self.flush()
         # a user's stream its owner is capturing has not run the work yet: its blocks stay
         # tagged (the arena keeps them from other streams)
-        if self.owned or not self.is_capturing():
+        if self._ours or not self.is_capturing():
             self.notify_released()
 
     # graph capture ----------------------------------------------------------------------------
@@ -290,7 +345,7 @@ class CudaSyncStream(SyncStream):
         if self.closed:
             return
         self.closed = True
-        if self.owned:  # a user's stream is theirs: never touched after the session is done
+        if self._ours:  # a user's stream is theirs: never touched after the session is done
             try:
                 cudart().streamSynchronize(self._handle)
             except Exception:
@@ -315,5 +370,8 @@ class CudaSyncStream(SyncStream):
             except Exception:
                 pass
             self._cudnn = None
-        if self.owned and self._handle:
+        if self._ours and self._handle:
             cudart().streamDestroy(self._handle)
+        for event in self._joins or ():
+            cudart().eventDestroy(event)
+        self._joins = None
