@@ -333,14 +333,14 @@ class ExternalDeviceAllocator(CountingAllocator):
 
     def free(self, ptr: int) -> None:
         stream = self.stream
-        if stream is not None and ptr in self._live and defer_free(self, ptr, stream.handle):
-            return  # the stream records a graph: the free waits for the capture's end
+        # a free may come from any thread (a dropped output): the user's stream waits for the
+        # session's work, unless the stream records a graph, whose end the free then waits for
+        if stream is not None and ptr in self._live:
+            if defer_free(self, ptr, stream.handle, stream.user_waits):
+                return
         super().free(ptr)
 
     def _raw_free(self, ptr: int) -> None:
-        stream = self.stream
-        if stream is not None:
-            stream.user_waits()  # the user's later work on the block after the session's
         self._free(ptr)
 
     def failure_reason(self) -> str:

@@ -31,11 +31,16 @@ _CAPTURE_STATE = threading.Condition()
 _device_syncs = 0  # device-wide synchronisations waiting or running (captures wait for them)
 
 
-def defer_free(allocator: Any, ptr: int, stream: int) -> bool:
+def defer_free(
+    allocator: Any, ptr: int, stream: int, otherwise: Callable[[], None] | None = None
+) -> bool:
     """Hold the free of ``ptr`` until ``stream`` stops capturing (False: it does not capture
-    now; free it at once)."""
+    now; free it at once, after ``otherwise``, which runs before any capture of ``stream`` can
+    begin)."""
     with _CAPTURE_STATE:
         if stream not in CAPTURING:
+            if otherwise is not None:
+                otherwise()
             return False
         _DEFERRED.append((allocator, ptr, stream))
         return True
