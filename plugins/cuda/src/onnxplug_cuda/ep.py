@@ -245,8 +245,8 @@ class CudaEp(Ep):
         guard.__enter__()
         tls.token = self.backend.enter_run(self.run_allocator())
         unified = self._unified
-        if unified is not None and unified.joined is not None:
-            unified.begin_run()  # after the user's legacy default stream's work so far
+        if unified is not None:
+            unified.begin_run()  # a joined stream: after the user's stream's work so far
 
     def on_run_end(self, run_options: Any, sync_stream: bool) -> None:
         tls = self._run_tokens

@@ -214,43 +214,40 @@ class CudaSyncStream(SyncStream):
         """Order this stream after the work queued so far on another library's stream (a
         ``__cuda_array_interface__`` producer's): an event recorded there, waited for here."""
         rt = cudart()
-        # on this stream's device throughout: an event is recorded on a stream of its own
-        # device, and the default-stream handles (1, 2) name the current device's stream
         with DeviceGuard(self.ordinal):
             event = call("cudaEventCreateWithFlags", rt.eventCreateWithFlags, rt.eventDisableTiming)
             try:
-                call("cudaEventRecord", rt.eventRecord, event, handle)
-                call("cudaStreamWaitEvent", rt.streamWaitEvent, self._handle, event)
+                self._order(event, handle, self._handle)
             finally:
                 rt.eventDestroy(event)  # released once the wait is satisfied
 
-    def begin_run(self) -> None:
-        """A run starts: a stream joined to a user's legacy default stream waits for the work
-        queued there so far."""
-        if self._joins is not None:
-            self.wait_for_user()
+    def _order(self, event: Any, first: int, then: int) -> None:
+        """Stream ``then``'s later work waits for the work queued on stream ``first`` so far
+        (``event`` recorded there). On this stream's device throughout: an event is recorded
+        on a stream of its own device, and the default-stream handles (0, 1, 2) name the
+        current device's stream."""
+        rt = cudart()
+        with DeviceGuard(self.ordinal):
+            call("cudaEventRecord", rt.eventRecord, event, first)
+            call("cudaStreamWaitEvent", rt.streamWaitEvent, then, event)
 
     def wait_for_user(self) -> None:
         """This (joined) stream's later work waits for the work queued on the user's stream so
-        far."""
+        far: at a run's start (``begin_run``), and when an external allocator hands out a
+        block."""
         joins = self._joins
-        if joins is None:
-            return  # closed (drained): nothing of this stream's is left to order
-        rt = cudart()
-        with DeviceGuard(self.ordinal):  # handle 0 names the current device's stream
-            call("cudaEventRecord", rt.eventRecord, joins[0], self.joined)
-            call("cudaStreamWaitEvent", rt.streamWaitEvent, self._handle, joins[0])
+        if joins is not None:  # (None: closed, drained: nothing of this stream's to order)
+            self._order(joins[0], self.joined, self._handle)  # type: ignore[arg-type]
 
     def user_waits(self) -> None:
         """The user's stream's later work (a PyTorch op reading an output, a block's reuse)
         waits for the work queued on this (joined) stream so far."""
         joins = self._joins
-        if joins is None or self.capturing:
-            return  # closed (drained), or capturing: nothing queued runs before the launch
-        rt = cudart()
-        with DeviceGuard(self.ordinal):
-            call("cudaEventRecord", rt.eventRecord, joins[1], self._handle)
-            call("cudaStreamWaitEvent", rt.streamWaitEvent, self.joined, joins[1])
+        # (closed, drained; or capturing: nothing queued runs before the graph's launch)
+        if joins is not None and not self.capturing:
+            self._order(joins[1], self._handle, self.joined)  # type: ignore[arg-type]
+
+    begin_run = wait_for_user  # a run starts (nothing to do for a stream that is not joined)
 
     def is_capturing(self) -> bool:
         return bool(call("cudaStreamIsCapturing", cudart().streamIsCapturing, self._handle))
@@ -264,8 +261,7 @@ class CudaSyncStream(SyncStream):
         call("cudaStreamSynchronize", cudart().streamSynchronize, self._handle)
 
     def on_session_run_end(self) -> None:
-        if self._joins is not None:
-            self.user_waits()
+        self.user_waits()  # a joined stream: the user's stream's later work after the run's
         self.flush()
         # a user's stream its owner is capturing has not run the work yet: its blocks stay
         # tagged (the arena keeps them from other streams)
