@@ -277,9 +277,15 @@ class _Frontend:
     pygraph = _SerializedGraph
 
 
-def _ctx(capturing: bool = False) -> SimpleNamespace:
-    """A kernel context as the caches use it: its stream's cuDNN handle and capture state."""
-    return SimpleNamespace(stream=SimpleNamespace(cudnn=7, is_capturing=lambda: capturing))
+def _ctx(capturing: bool = False, invalidated: bool = False) -> SimpleNamespace:
+    """A kernel context as the engine uses it: its stream's cuDNN handle and capture state
+    (``invalidated``: in a capture an error has invalidated)."""
+    stream = SimpleNamespace(
+        cudnn=7,
+        is_capturing=lambda: capturing or invalidated,
+        capture_invalidated=lambda: invalidated,
+    )
+    return SimpleNamespace(stream=stream)
 
 
 @pytest.fixture
@@ -534,3 +540,59 @@ def test_a_providers_gemm_engine_is_found_under_the_key_it_was_made_with(monkeyp
     ep._external = ep._shared = ep._unified = None
     ep._lock, ep._streams, ep._graphs = threading.Lock(), [], {}
     assert [o for kind, _, o in ep.device_objects() if kind == "gemm engine"] == [eng]
+
+
+class _FailingPlan:
+    """A frontend graph whose plan fails to execute (as cuDNN's EXECUTION_FAILED)."""
+
+    def _execute_plan_at_index(self, ptrs, ws, i, handle) -> None:
+        raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
+
+
+def _failing_engine() -> tuple[dnn.CudnnConv, dnn.ConvSpec]:
+    eng = object.__new__(dnn.CudnnConv)
+    eng.ordinal, eng._lock, eng._warned = 0, threading.Lock(), set()
+    spec = _spec()
+    eng._graphs = {(0, spec): dnn._Graph(_FailingPlan(), 0, 0, None, 0.01)}
+    return eng, spec
+
+
+def test_a_convolution_failing_outside_a_broken_capture_takes_the_gemm_path_for_good():
+    eng, spec = _failing_engine()
+    with pytest.warns(RuntimeWarning, match="failed to execute"):
+        assert eng._execute(_ctx(), spec, {}) is False
+    assert eng._graphs[(0, spec)] is None  # the GEMM fallback from now on
+
+
+def test_a_convolution_failing_in_an_invalidated_capture_keeps_its_plan():
+    """In a capture an error has invalidated, every call fails: the error is raised (the
+    capture fails and the run goes on eagerly) and the plan stays, not the GEMM path."""
+    eng, spec = _failing_engine()
+    plan = eng._graphs[(0, spec)]
+    with pytest.raises(RuntimeError, match="EXECUTION_FAILED"):
+        eng._execute(_ctx(invalidated=True), spec, {})
+    assert eng._graphs[(0, spec)] is plan
+    assert not eng._warned
+
+
+@pytest.mark.parametrize("invalidated", [False, True])
+def test_a_graph_that_fails_to_build_is_recorded_only_outside_an_invalidated_capture(
+    monkeypatch, invalidated
+):
+    eng = object.__new__(dnn.CudnnConv)
+    eng.ordinal, eng._lock, eng._warned, eng._graphs = 0, threading.Lock(), set(), {}
+    spec = _spec()
+
+    def build(ctx, spec, ptrs):
+        raise RuntimeError("the stream was capturing, but an error has invalidated it")
+
+    monkeypatch.setattr(eng, "_build", build, raising=False)
+    key = (0, spec)
+    if invalidated:
+        with pytest.raises(RuntimeError, match="invalidated"):
+            eng._get(_ctx(invalidated=True), key, {})
+        assert key not in eng._graphs  # built again by the eager run
+    else:
+        with pytest.warns(RuntimeWarning, match="cuDNN cannot run fprop"):
+            assert eng._get(_ctx(), key, {}) is None
+        assert eng._graphs[key] is None

@@ -149,6 +149,27 @@ def test_eager_runs_launch_consecutive_node_graphs_as_one_graph(build, shape, mo
         np.testing.assert_array_equal(g, plain.run(None, {"x": x})[0])
 
 
+def test_a_stream_tells_an_invalidated_capture_from_an_active_one():
+    """``capture_invalidated``: what the cuDNN engine checks before it records a plan as one
+    cuDNN cannot run (in an invalidated capture every call fails, whatever it is)."""
+    import cupy
+
+    sess = ox.InferenceSession(block(), providers=[CUDA, CPU])
+    ep = next(e for e in sess._eps if e.name == CUDA)
+    stream = ep.create_sync_stream()
+    assert not stream.capture_invalidated()
+    stream.begin_capture()
+    try:
+        assert stream.is_capturing() and not stream.capture_invalidated()
+        with pytest.raises(cupy.cuda.runtime.CUDARuntimeError):
+            cupy.cuda.runtime.streamSynchronize(stream.handle)  # not allowed: invalidates
+        assert stream.is_capturing() and stream.capture_invalidated()
+    finally:
+        stream.abort_capture()
+    assert not stream.is_capturing() and not stream.capture_invalidated()
+    stream.close()
+
+
 def test_a_node_graph_launch_keeps_the_interpreter_lock_and_works_on_a_fresh_thread():
     """Eager runs launch their nodes' graphs through the driver keeping the interpreter lock
     (``runtime.graph_launch_holding_gil``). On a thread that has made no CUDA call, the driver

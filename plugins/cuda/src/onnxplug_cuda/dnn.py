@@ -412,6 +412,8 @@ class CudnnConv:
             else:
                 g.graph._execute(ptrs, ws_ptr, handle)
         except Exception as e:
+            if ctx.stream.capture_invalidated():
+                raise  # a failed capture, not a plan that cannot run: see _get
             self._warn(f"cuDNN convolution failed to execute ({e}); using the GEMM fallback")
             with self._lock:
                 self._graphs[(self.ordinal, spec)] = None
@@ -461,6 +463,13 @@ class CudnnConv:
             else:
                 g = self._build(ctx, spec, ptrs)
         except Exception as e:
+            if ctx.stream.capture_invalidated():
+                # In a capture that an error has invalidated (this call's or an earlier one's)
+                # every call fails, which says nothing about cuDNN and this graph: nothing is
+                # recorded, the capture fails and the run goes on eagerly, building it there.
+                # (Recorded, it once put a 1x1 convolution of ResNet-50 on the GEMM path for
+                # the rest of the process, after an execution failed in 8 threads' captures.)
+                raise
             if not getattr(spec, "precompiled", False):  # an optional fusion fails quietly
                 what = (
                     f"attention {spec.dtype} q{list(spec.q)} v{list(spec.v)}"

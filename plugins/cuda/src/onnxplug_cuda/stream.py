@@ -21,9 +21,13 @@ from .runtime import (
     call,
     capture_started,
     capture_stopped,
+    cuda_error,
     cuda_status,
     cudart,
 )
+
+# cudaStreamCaptureStatus
+_CAPTURE_NONE, _CAPTURE_INVALIDATED = 0, 2
 
 
 class CudaNotification(SyncNotification):
@@ -250,7 +254,21 @@ class CudaSyncStream(SyncStream):
     begin_run = wait_for_user  # a run starts (nothing to do for a stream that is not joined)
 
     def is_capturing(self) -> bool:
-        return bool(call("cudaStreamIsCapturing", cudart().streamIsCapturing, self._handle))
+        """Whether this stream is in a capture, an active or an invalidated one."""
+        return self._capture_status() != _CAPTURE_NONE
+
+    def capture_invalidated(self) -> bool:
+        """Whether this stream is in a capture that an error has invalidated: every later call
+        in it fails, whatever the call, until the capture ends."""
+        return self._capture_status() == _CAPTURE_INVALIDATED
+
+    def _capture_status(self) -> int:
+        try:
+            return int(cudart().streamIsCapturing(self._handle))  # 0 or 1 (active)
+        except RuntimeError as e:
+            if cuda_status(e) is not None:
+                raise cuda_error("cudaStreamIsCapturing", e) from e
+            return _CAPTURE_INVALIDATED  # CuPy raises a plain RuntimeError for this status
 
     def flush(self) -> None:
         if self.capturing:
