@@ -319,8 +319,9 @@ def tiny_replay_us(runs: int = 2000) -> dict[str, float]:
     return out
 
 
-def torch_model(name: str, feeds: dict[str, np.ndarray], fp16: bool) -> Any:
-    """The PyTorch model behind an export, on the GPU, as a call on ``feeds`` (as tensors)."""
+def torch_module(name: str, fp16: bool) -> Any:
+    """The PyTorch model behind an export, on the GPU, in inference mode (float16 with
+    ``fp16``)."""
     import torch
 
     torch.manual_seed(0)
@@ -337,18 +338,32 @@ def torch_model(name: str, feeds: dict[str, np.ndarray], fp16: bool) -> Any:
 
         m = GPT2Model(GPT2Config(use_cache=False))
     m = m.cuda().eval()
-    if fp16:
-        m = m.half()
+    return m.half() if fp16 else m
+
+
+def torch_inputs(name: str, feeds: dict[str, np.ndarray], fp16: bool) -> dict[str, Any]:
+    """``feeds`` as the module's GPU tensors (ResNet-50's image in float16 with ``fp16``)."""
+    import torch
+
     tf = {k: torch.from_numpy(v).cuda() for k, v in feeds.items()}
     if fp16 and name == "resnet50":
         tf["input"] = tf["input"].half()
+    return tf
+
+
+def torch_forward(name: str, m: Any, tf: dict[str, Any]) -> Any:
+    """The module's output tensor for inputs ``tf`` (the transformers' last hidden state)."""
     if name == "resnet50":
-        call = lambda: m(tf["input"])  # noqa: E731
-    elif name == "bert_base":
-        call = lambda: m(input_ids=tf["input_ids"], attention_mask=tf["attention_mask"])  # noqa: E731
-    else:
-        call = lambda: m(input_ids=tf["input_ids"], use_cache=False)  # noqa: E731
-    return call
+        return m(tf["input"])
+    if name == "bert_base":
+        return m(input_ids=tf["input_ids"], attention_mask=tf["attention_mask"])[0]
+    return m(input_ids=tf["input_ids"], use_cache=False)[0]
+
+
+def torch_model(name: str, feeds: dict[str, np.ndarray], fp16: bool) -> Any:
+    """The PyTorch model behind an export, on the GPU, as a call on ``feeds`` (as tensors)."""
+    m, tf = torch_module(name, fp16), torch_inputs(name, feeds, fp16)
+    return lambda: torch_forward(name, m, tf)
 
 
 def bench_torch(name: str, feeds: dict[str, np.ndarray], runs: int, fp16: bool) -> dict[str, float]:

@@ -21,28 +21,7 @@ import torch
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
 )
-from models import feeds_for
-
-
-def build(name: str, fp16: bool) -> Any:
-    torch.manual_seed(0)
-    if name == "resnet50":
-        import torchvision
-
-        model = torchvision.models.resnet50(weights=None)
-    else:
-        from transformers import BertConfig, BertModel
-
-        model = BertModel(BertConfig())
-    model = model.cuda().eval()
-    return model.half() if fp16 else model
-
-
-def forward(model: Any, name: str, inputs: dict[str, Any]) -> Any:
-    if name == "resnet50":
-        return model(inputs["input"])
-    out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-    return out.last_hidden_state
+from models import feeds_for, torch_forward, torch_inputs, torch_module
 
 
 def rate(model: Any, name: str, k: int, graphs: bool, fp16: bool, seconds: float) -> float:
@@ -55,17 +34,15 @@ def rate(model: Any, name: str, k: int, graphs: bool, fp16: bool, seconds: float
             stream = torch.cuda.Stream()
             host = {n: torch.from_numpy(v).pin_memory() for n, v in feeds.items()}
             with torch.cuda.stream(stream):
-                dev = {n: v.cuda() for n, v in host.items()}
-                if fp16 and name == "resnet50":
-                    dev["input"] = dev["input"].half()
+                dev = torch_inputs(name, feeds, fp16)
                 graph, out = None, None
                 if graphs:
                     for _ in range(3):
-                        forward(model, name, dev)
+                        torch_forward(name, model, dev)
                     stream.synchronize()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, stream=stream):
-                        out = forward(model, name, dev)
+                        out = torch_forward(name, model, dev)
             workers.append((stream, host, dev, graph, out))
     torch.cuda.synchronize()
     counts = [0] * k
@@ -84,7 +61,7 @@ def rate(model: Any, name: str, k: int, graphs: bool, fp16: bool, seconds: float
                     graph.replay()
                     result = out
                 else:
-                    result = forward(model, name, dev)
+                    result = torch_forward(name, model, dev)
                 if pinned is None:
                     pinned = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
                 pinned.copy_(result, non_blocking=True)
@@ -116,7 +93,7 @@ def main() -> int:
     print("| model | mode | " + " | ".join(f"{k} thr" for k in ks) + " | 4/1 |")
     print("|---|---|" + "---|" * (len(ks) + 1))
     for name in args.models.split(","):
-        model = build(name, args.fp16)
+        model = torch_module(name, args.fp16)
         for graphs in (True, False):
             rates = {k: rate(model, name, k, graphs, args.fp16, args.seconds) for k in ks}
             label = f"torch {name} b1 {'fp16' if args.fp16 else 'fp32'}"
