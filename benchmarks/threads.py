@@ -19,7 +19,9 @@ exports them (needs torch, torchvision and transformers)::
 ``--gpu-bound`` (CUDA graphs on) adds what the GPU does alone: with k threads holding their
 captured graphs, one thread replays the k graphs round-robin on their k streams with no other
 host work, so the inferences/s are those of k concurrent streams on this GPU, the most that k
-threads could reach.
+threads could reach. Where NVML has GPM metrics (Hopper and later, ``pynvml``), rows under it
+give what the GPU's SMs and memory did in each window: the share of time SMs were busy, their
+warp occupancy, DRAM bandwidth and tensor pipes in use.
 
 Any model on any provider (inputs are random, unfixed dims 1 unless ``--dim`` sets them)::
 
@@ -32,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import math
 import os
 import platform
 import sys
@@ -241,17 +245,66 @@ def gpu_occupancy(spans: list[tuple[float, float]]) -> tuple[float, float]:
     return union / (max(e for _, e in spans) - spans[0][0]), total / union
 
 
-def gpu_bound(sess: Any, feeds: dict[str, Any], streams: list[int], runs: int = 300) -> dict:
+class GpmWindow:
+    """NVML's GPU performance metrics (GPM: Hopper and later) over a window of work on one
+    CUDA device: the share of time its SMs were busy, their warp occupancy, DRAM bandwidth and
+    tensor pipes in use, which say what four streams run out of. Needs ``pynvml``
+    (nvidia-ml-py); the constructor raises where it or GPM is not there."""
+
+    METRICS = (
+        ("SM busy %", "NVML_GPM_METRIC_SM_UTIL"),
+        ("warp occupancy %", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+        ("DRAM bandwidth %", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+        ("tensor pipes %", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+    )
+    SECONDS = 1.0  # a window's least length: over 0.1-0.2 s windows the metrics were erratic
+
+    def __init__(self, ordinal: int) -> None:
+        import cupy
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        bus_id = cupy.cuda.Device(ordinal).pci_bus_id  # NVML's index may differ from CUDA's
+        self.device = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+        if not pynvml.nvmlGpmQueryDeviceSupport(self.device).isSupportedDevice:
+            raise RuntimeError(f"GPU {ordinal} has no GPM metrics (Hopper or later has)")
+        self.samples = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
+
+    def measure(self, work: Any) -> tuple[Any, dict[str, float]]:
+        """``work()``'s result and the metrics over the time it took."""
+        N = self.nvml
+        N.nvmlGpmSampleGet(self.device, self.samples[0])
+        result = work()
+        N.nvmlGpmSampleGet(self.device, self.samples[1])
+        get = N.c_nvmlGpmMetricsGet_t()
+        get.version = N.NVML_GPM_METRICS_GET_VERSION
+        get.numMetrics = len(self.METRICS)
+        get.sample1, get.sample2 = self.samples
+        for i, (_, metric) in enumerate(self.METRICS):
+            get.metrics[i].metricId = getattr(N, metric)
+        N.nvmlGpmMetricsGet(get)
+        return result, {name: get.metrics[i].value for i, (name, _) in enumerate(self.METRICS)}
+
+
+def gpu_bound(
+    sess: Any, feeds: dict[str, Any], streams: list[int], runs: int = 300, gpm: Any = None
+) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
     """Inferences per second of k graphs replayed concurrently (k in ``streams``): k threads
     capture their own graphs of ``sess`` and hold them while this thread launches them
     round-robin, each on its own stream, and waits once at the end: a measurement of the
-    GPU, not an API."""
-    out = {}
+    GPU, not an API. With ``gpm`` (a ``GpmWindow``), also its metrics for each k, over a
+    second window of replays."""
+    rates: dict[int, float] = {}
+    metrics: dict[int, dict[str, float]] = {}
     with held_graphs(sess, feeds, max(streams)) as (ep, graphs), ep.device_guard():
         for k in streams:
             replay_rate(ep, graphs[:k], 1)  # a first round untimed
-            out[k] = replay_rate(ep, graphs[:k], max(50, runs // k))
-    return out
+            rates[k] = replay_rate(ep, graphs[:k], max(50, runs // k))
+            if gpm is not None:  # a window of its own, of a second at least (GPM's samples)
+                rounds = max(50, math.ceil(rates[k] * gpm.SECONDS / k))
+                metrics[k] = gpm.measure(functools.partial(replay_rate, ep, graphs[:k], rounds))[1]
+    return rates, metrics
 
 
 def main() -> int:
@@ -319,6 +372,12 @@ def main() -> int:
         feeds, _ = make_feeds(probe, None, args.dim, 0)
         cases = [("demo CNN", path, feeds)]
 
+    gpm = None
+    if args.gpu_bound:
+        try:
+            gpm = GpmWindow(0)
+        except Exception as e:  # the bound is measured without them
+            print(f"# GPU bound without GPM metrics: {type(e).__name__}: {e}", flush=True)
     print(
         f"# {args.provider} | {platform.node()} | {os.cpu_count()} CPUs | load "
         f"{os.getloadavg()[0]:.2f} | {args.seconds:g} s per cell | inferences/s (all threads)"
@@ -362,12 +421,18 @@ def main() -> int:
                 }
             )
             if graph and args.gpu_bound:
-                bound = gpu_bound(sess, feeds, threads)
+                bound, metrics = gpu_bound(sess, feeds, threads, gpm=gpm)
                 row = [label, "GPU bound"] + [f"{bound[t]:.1f}" for t in threads]
                 if 1 in threads and len(threads) > 1:
                     row += [f"{bound[t] / bound[1]:.2f}x" for t in threads if t != 1]
                 print("| " + " | ".join(row) + " | - |", flush=True)
                 rows[-1]["gpu_bound_inferences_per_s"] = {str(t): bound[t] for t in threads}
+                for name, _ in GpmWindow.METRICS if metrics else ():
+                    row = [label, f"GPU bound: {name}"] + [
+                        f"{metrics[t][name]:.1f}" for t in threads
+                    ]
+                    print("| " + " | ".join(row + ["-"] * (len(head) - len(row))) + " |")
+                rows[-1]["gpu_bound_gpm"] = {str(t): m for t, m in metrics.items()}
             del sess
     if args.json:
         with open(args.json, "w") as f:
