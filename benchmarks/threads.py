@@ -271,11 +271,11 @@ class GpmWindow:
             raise RuntimeError(f"GPU {ordinal} has no GPM metrics (Hopper or later has)")
         self.samples = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
 
-    def measure(self, work: Any) -> tuple[Any, dict[str, float]]:
-        """``work()``'s result and the metrics over the time it took."""
+    def measure(self, work: Any) -> dict[str, float]:
+        """The metrics over the time ``work()`` took."""
         N = self.nvml
         N.nvmlGpmSampleGet(self.device, self.samples[0])
-        result = work()
+        work()
         N.nvmlGpmSampleGet(self.device, self.samples[1])
         get = N.c_nvmlGpmMetricsGet_t()
         get.version = N.NVML_GPM_METRICS_GET_VERSION
@@ -284,7 +284,7 @@ class GpmWindow:
         for i, (_, metric) in enumerate(self.METRICS):
             get.metrics[i].metricId = getattr(N, metric)
         N.nvmlGpmMetricsGet(get)
-        return result, {name: get.metrics[i].value for i, (name, _) in enumerate(self.METRICS)}
+        return {name: get.metrics[i].value for i, (name, _) in enumerate(self.METRICS)}
 
 
 def gpu_bound(
@@ -303,7 +303,7 @@ def gpu_bound(
             rates[k] = replay_rate(ep, graphs[:k], max(50, runs // k))
             if gpm is not None:  # a window of its own, of a second at least (GPM's samples)
                 rounds = max(50, math.ceil(rates[k] * gpm.SECONDS / k))
-                metrics[k] = gpm.measure(functools.partial(replay_rate, ep, graphs[:k], rounds))[1]
+                metrics[k] = gpm.measure(functools.partial(replay_rate, ep, graphs[:k], rounds))
     return rates, metrics
 
 

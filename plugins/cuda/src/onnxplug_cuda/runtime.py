@@ -230,10 +230,10 @@ def call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
         raise cuda_error(what, e) from e
 
 
-# cudaError_t values the provider tells apart
 #: The legacy default stream's handles (0, and ``cudaStreamLegacy``): it cannot capture a graph.
 LEGACY_DEFAULT_STREAMS = (0, 1)
 
+# cudaError_t values the provider tells apart
 ERROR_MEMORY_ALLOCATION = 2
 ERROR_NOT_READY = 600
 ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
