@@ -184,7 +184,8 @@ def search(p: Problem, base: Any, seconds: float) -> None:
                 except Exception:
                     continue
                 rows.append((among or us, us, config(p.L, v.ctypes.data)))
-    print(f"  search: {len(rows)} configurations ran")
+    stopped = " (stopped at the time limit)" if time.monotonic() > deadline else ""
+    print(f"  search: {len(rows)} configurations ran{stopped}")
     for label, key in (("among the streams", 0), ("alone", 1)):
         print(f"  best {label}:")
         for among, us, cfg in sorted(rows, key=lambda r: r[key])[:12]:
