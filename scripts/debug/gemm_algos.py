@@ -65,13 +65,9 @@ def node_types(graph: int) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
 
 
-def stage_ids(L: Any, algo: int) -> list[int]:
-    """The stage counts (``MatmulStages`` values) an algorithm's kernels come with."""
-    return cap_ids(L, algo, "STAGES_IDS")
-
-
 def cap_ids(L: Any, algo: int, cap: str) -> list[int]:
-    """An algorithm's capability array ``cap`` (``STAGES_IDS``, ``TILE_IDS``)."""
+    """An algorithm's capability array ``cap``: ``STAGES_IDS`` (the stage counts, ``MatmulStages``
+    values, its kernels come with), ``TILE_IDS``."""
     attr = int(getattr(L.MatmulAlgoCapAttribute, cap))
     written = np.zeros(1, np.uint64)
     L.matmul_algo_cap_get_attribute(algo, attr, 0, 0, written.ctypes.data)
@@ -163,7 +159,8 @@ def search(p: Problem, base: Any, seconds: float) -> None:
     among the streams, for up to ``seconds``; the 12 best among the streams and the 12 best
     alone are printed."""
     deadline = time.monotonic() + seconds
-    tiles, stages = cap_ids(p.L, base.ctypes.data, "TILE_IDS"), stage_ids(p.L, base.ctypes.data)
+    algo = base.ctypes.data
+    tiles, stages = cap_ids(p.L, algo, "TILE_IDS"), cap_ids(p.L, algo, "STAGES_IDS")
     rows = []
     for tile in tiles:
         for stage in stages:
@@ -282,7 +279,7 @@ def main() -> int:
             if us is not None:
                 times.append((us, i))
             if args.stages:
-                for stage in stage_ids(L, algo):
+                for stage in cap_ids(L, algo, "STAGES_IDS"):
                     made = variant(p, results[i : i + 1], STAGES_ID=stage)
                     if made is None:
                         continue  # this stage count does not run this problem
