@@ -7,6 +7,7 @@ exercised by every GPU test."""
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 import types
@@ -36,9 +37,11 @@ class FakeDriver:
         self.devices = devices
         self.init_error = init_error
         self.init_threads: list[str] = []
+        self.queues_at_init: list[str | None] = []  # CUDA_DEVICE_MAX_CONNECTIONS then
 
     def cuInit(self, flags: int) -> int:
         self.init_threads.append(threading.current_thread().name)
+        self.queues_at_init.append(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
         return self.init_error
 
     def cuGetErrorName(self, err: int, name: Any) -> int:
@@ -98,6 +101,20 @@ def test_devices_come_from_the_driver_api(probe):
     assert driver.init_threads == [threading.current_thread().name]
     assert runtime.CUPY.modules() == (sys.modules["json"],)  # started beside cuInit
     assert runtime.probe_devices() is runtime.probe_devices()  # once per process
+
+
+def test_contexts_get_32_hardware_queues_unless_the_user_says(probe, monkeypatch):
+    """8 queues (CUDA's default) let concurrent runs' streams share one and wait on each other's
+    kernels; the variable is set before the driver starts, and a value of the user's is kept."""
+    h100 = ("NVIDIA H100 80GB HBM3", 9, 0, 132, 85 << 30)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    driver = FakeDriver([h100])
+    probe(driver)
+    assert driver.queues_at_init == ["32"]
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    driver = FakeDriver([h100])
+    probe(driver)
+    assert driver.queues_at_init == ["1"] and os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
 
 
 def test_no_driver_library(probe):
