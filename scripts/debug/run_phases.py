@@ -62,26 +62,35 @@ def measure(sess: Any, feeds: dict[str, np.ndarray], k: int, seconds: float) -> 
     """k threads run for ``seconds``: (runs/s, {phase: µs per run of every run})."""
     runs: list[list[dict[str, float]]] = [[] for _ in range(k)]
     start = threading.Barrier(k)
+    errors: list[BaseException] = []
 
     def worker(i: int) -> None:
-        for _ in range(5):
-            sess.run(None, feeds)
-        start.wait()
-        end = time.perf_counter() + seconds
-        while True:
-            _marks.run = [("run0", time.perf_counter())]
-            sess.run(None, feeds)
-            _mark("run1")
-            runs[i].append(dict(_marks.run))
-            _marks.run = None
-            if runs[i][-1]["run1"] > end:
-                break
+        try:
+            for _ in range(5):
+                sess.run(None, feeds)
+            start.wait()
+            end = time.perf_counter() + seconds
+            while True:
+                _marks.run = [("run0", time.perf_counter())]
+                sess.run(None, feeds)
+                _mark("run1")
+                runs[i].append(dict(_marks.run))
+                _marks.run = None
+                if runs[i][-1]["run1"] > end:
+                    break
+        except threading.BrokenBarrierError:
+            pass  # another thread failed: its error is raised
+        except BaseException as e:
+            errors.append(e)
+            start.abort()
 
     ts = [threading.Thread(target=worker, args=(i,)) for i in range(k)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
+    if errors:
+        raise errors[0]
     n = sum(len(r) for r in runs)
     span = max(r[-1]["run1"] for r in runs) - min(r[0]["run0"] for r in runs)
     phases: dict[str, list[float]] = {p: [] for p in PHASES}
